@@ -1,0 +1,40 @@
+"""The shipped notebooks run headless, top to bottom, against real runs."""
+
+import os
+from pathlib import Path
+
+import nbformat
+import pytest
+from nbclient import NotebookClient
+
+from workbench import attach
+
+from .conftest import kill_pids
+
+NOTEBOOKS = Path(__file__).resolve().parent.parent / "notebooks"
+
+
+def execute(name: str, run_root: Path, timeout: int = 600):
+    nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    client = NotebookClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    try:
+        client.execute()
+    finally:
+        for run_dir in run_root.glob("*/") if run_root.exists() else []:
+            run = attach(run_dir)
+            if run.state() not in ("completed", "failed", "stopped"):
+                run.stop(timeout=20)
+            kill_pids(run.pids())
+    return nb
+
+
+@pytest.mark.slow
+def test_quickstart_runs_headless(run_root):
+    nb = execute("01_quickstart.ipynb", run_root)
+    outputs = "".join(
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells if c.cell_type == "code" for o in c.outputs
+    )
+    assert "'survivor_steps_lost': 0" in outputs
+    (run_dir,) = list(run_root.iterdir())
+    assert attach(run_dir).summary()["heals"] >= 1

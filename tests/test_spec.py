@@ -1,0 +1,72 @@
+"""Spec validation: each bad input is refused with its field named, and nothing starts."""
+
+import os
+
+import pytest
+
+import workbench as wb
+from workbench.spec import load_spec, preflight
+
+
+@pytest.mark.parametrize(
+    "overrides, field, allowed",
+    [
+        (["foo=1"], "foo", "unknown key"),
+        (["lighthouse.bogus=3"], "lighthouse.bogus", "heartbeat_timeout_ms"),
+        (["replicas=three"], "replicas", "integer"),
+        (["replicas=0"], "replicas", "greater than or equal to 1"),
+        (["replicas=2", "min_replicas=3"], "min_replicas", "<= replicas"),
+        (["trainer=pytorch-lightning"], "trainer", "'torchft-lite', 'titan' or 'maxtext'"),
+        (["cluster=k8s"], "cluster", "'local' or 'slurm'"),
+        (["steps=-5"], "steps", "greater than or equal to 1"),
+        (["model.dim=30", "model.heads=4"], "model", "multiple of heads"),
+        (["relaunch=sometimes"], "relaunch", "'auto' or 'off'"),
+        (["faults=[{action: kill, target: 7, at_step: 3}]"], "faults", "< replicas"),
+        (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "'kill'"),
+    ],
+)
+def test_bad_spec_names_field_and_allowed_values(overrides, field, allowed):
+    with pytest.raises(wb.SpecError) as err:
+        load_spec("demo", overrides)
+    msg = str(err.value)
+    assert field in msg and allowed in msg, msg
+
+
+def test_overrides_as_strings_dict_and_kwargs_agree():
+    a = load_spec("demo", ["replicas=2", "lighthouse.heartbeat_timeout_ms=500"])
+    b = load_spec("demo", {"replicas": 2, "lighthouse.heartbeat_timeout_ms": 500})
+    assert a == b and a.replicas == 2 and a.lighthouse.heartbeat_timeout_ms == 500
+
+
+def test_unknown_config_lists_shipped_ones():
+    with pytest.raises(wb.SpecError, match="shipped configs: .*demo"):
+        load_spec("no-such-config")
+
+
+def test_yaml_that_constructs_objects_is_refused(tmp_path):
+    bad = tmp_path / "evil.yaml"
+    bad.write_text("name: !!python/object/apply:os.system ['echo pwned']\n")
+    with pytest.raises(wb.SpecError, match="safe loading"):
+        load_spec(bad)
+
+
+@pytest.mark.skipif(os.geteuid() == 0, reason="root can write anywhere; covered by the file-as-dir case")
+def test_unwritable_run_root_is_refused(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir(mode=0o500)
+    with pytest.raises(wb.SpecError, match="run_root"):
+        preflight(load_spec("demo", [f"run_root={ro}/runs"]))
+
+
+def test_run_root_under_a_file_is_refused_and_nothing_starts(tmp_path):
+    blocker = tmp_path / "file"
+    blocker.write_text("x")
+    with pytest.raises(wb.SpecError, match="run_root"):
+        wb.submit("demo", [f"run_root={blocker}/runs"])
+    assert blocker.read_text() == "x" and sorted(p.name for p in tmp_path.iterdir()) == ["file"]
+
+
+def test_bad_spec_submits_nothing(run_root):
+    with pytest.raises(wb.SpecError):
+        wb.submit("demo", ["replicas=0"])
+    assert not run_root.exists()

@@ -1,0 +1,16 @@
+"""workbench: fault-tolerance experiments on training jobs, from a notebook.
+
+    import workbench as wb
+    run = wb.submit("demo", ["steps=400"])     # spec → controller → jobs → events
+    run.metrics()                               # pandas, one row per replica per step
+    run.kill(replica=1)                         # SIGKILL; the group is relaunched and heals
+    run.wait(); run.summary()
+    wb.attach(run.run_dir)                      # from any other kernel
+"""
+
+from .run import Run, attach, submit
+from .spec import Spec, SpecError, load_spec
+from .faults import FaultError
+
+__all__ = ["Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit"]
+__version__ = "0.1.0"

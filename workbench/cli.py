@@ -1,0 +1,183 @@
+"""``workbench``: the same loop as the notebook API, from a shell.
+
+Every command exits non-zero with a one-line reason on bad input, before
+anything is submitted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from .faults import FaultError
+from .run import TERMINAL, attach, submit
+from .spec import SpecError, load_spec, preflight
+
+
+def _print_summary(summary: dict) -> None:
+    def fmt(v, unit=""):
+        return "n/a" if v is None else (f"{v:.2f}{unit}" if isinstance(v, float) else f"{v}{unit}")
+
+    print(f"run {summary['run_dir']}")
+    print(f"  state                 {summary['state']}  ({summary['trainer']}, {summary['replicas']} replica groups)")
+    print(f"  steps                 {summary['steps_completed']} / {summary['steps_target']}")
+    print(f"  faults / restarts     {summary['faults']} / {summary['restarts']}   heals: {summary['heals']}")
+    print(f"  survivor steps lost   {summary['survivor_steps_lost']}   (discarded attempts: {summary['survivor_steps_discarded']})")
+    print(f"  survivor stall        {fmt(summary['survivor_stall_s'], ' s')} beyond a normal step")
+    print(f"  kill -> rejoin        {fmt(summary['kill_to_rejoin_s'], ' s')}")
+    print(f"  heal transfer         {fmt(summary['heal_seconds'], ' s')}, {fmt(summary['heal_bytes'])} bytes")
+    print(f"  submit -> first step  {fmt(summary['submit_to_first_step_s'], ' s')}")
+
+
+def cmd_demo(args) -> int:
+    run = submit("demo", args.overrides)
+    print(f"demo: 3 replica groups; replica 1 is SIGKILLed at step 150 and relaunched. run dir: {run.run_dir}", flush=True)
+    try:
+        run.wait(timeout=args.timeout)
+    finally:
+        if run.state() not in TERMINAL:
+            run.stop()
+    summary = run.summary()
+    _print_summary(summary)
+    print(json.dumps(summary))
+    return 0 if summary["state"] == "completed" else 1
+
+
+def cmd_submit(args) -> int:
+    run = submit(args.config, args.overrides)
+    print(run.run_dir, flush=True)
+    if args.detach:
+        return 0
+    try:
+        run.wait()
+    except KeyboardInterrupt:
+        run.stop()
+    summary = run.summary()
+    _print_summary(summary)
+    return 0 if summary["state"] == "completed" else 1
+
+
+def cmd_validate(args) -> int:
+    spec = load_spec(args.config, args.overrides)
+    for w in preflight(spec):
+        print(f"warning: {w}", file=sys.stderr)
+    print(json.dumps(spec.to_dict(), indent=2))
+    return 0
+
+
+def cmd_status(args) -> int:
+    run = attach(args.run)
+    st = run.status()
+    if args.json:
+        print(json.dumps(st))
+    else:
+        print(f"{run.id}: {st['state']}  step {st['step']}/{st['steps_target']}  faults {st['faults']}  restarts {st['restarts']}")
+        for r, s in st["replicas"].items():
+            print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}")
+    return 0
+
+
+def cmd_kill(args) -> int:
+    run = attach(args.run)
+    event = run.kill(replica=args.replica, how=args.how, seconds=args.seconds, origin="cli")
+    print(json.dumps(event))
+    return 0
+
+
+def cmd_wait(args) -> int:
+    run = attach(args.run)
+    st = run.wait(timeout=args.timeout)
+    print(st["state"])
+    return 0 if st["state"] == "completed" else 1
+
+
+def cmd_stop(args) -> int:
+    print(attach(args.run).stop()["state"])
+    return 0
+
+
+def cmd_metrics(args) -> int:
+    df = attach(args.run).metrics()
+    if args.csv:
+        df.to_csv(sys.stdout, index=False)
+    else:
+        print(df.to_string(max_rows=40))
+    return 0
+
+
+def cmd_summary(args) -> int:
+    summary = attach(args.run).summary()
+    _print_summary(summary)
+    print(json.dumps(summary))
+    return 0
+
+
+def cmd_cluster(args) -> int:
+    from .cluster import devcluster
+
+    return devcluster.main(args.rest)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="workbench", description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="command", required=True)
+
+    s = sub.add_parser("demo", help="headless demo: 3 replica groups, one killed, healed")
+    s.add_argument("overrides", nargs="*", help="key=value spec overrides")
+    s.add_argument("--timeout", type=float, default=600)
+    s.set_defaults(fn=cmd_demo)
+
+    s = sub.add_parser("submit", help="submit CONFIG with overrides; prints the run dir")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*")
+    s.add_argument("--detach", action="store_true", help="return once submitted")
+    s.set_defaults(fn=cmd_submit)
+
+    s = sub.add_parser("validate", help="resolve and check a spec; submits nothing")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*")
+    s.set_defaults(fn=cmd_validate)
+
+    for name, fn, helptext in (
+        ("status", cmd_status, "state of a run"),
+        ("wait", cmd_wait, "block until the run ends"),
+        ("stop", cmd_stop, "stop every job of the run"),
+        ("metrics", cmd_metrics, "per-step metrics"),
+        ("summary", cmd_summary, "headline figures of a run"),
+    ):
+        s = sub.add_parser(name, help=helptext)
+        s.add_argument("run", help="run directory")
+        if name == "status":
+            s.add_argument("--json", action="store_true")
+        if name == "wait":
+            s.add_argument("--timeout", type=float, default=None)
+        if name == "metrics":
+            s.add_argument("--csv", action="store_true")
+        s.set_defaults(fn=fn)
+
+    s = sub.add_parser("kill", help="inject a fault into a replica group")
+    s.add_argument("run")
+    s.add_argument("--replica", type=int, default=None)
+    s.add_argument("--how", choices=("sigkill", "hang", "preempt"), default="sigkill")
+    s.add_argument("--seconds", type=float, default=5.0, help="hang duration")
+    s.set_defaults(fn=cmd_kill)
+
+    s = sub.add_parser("cluster", help="local Slurm cluster: up | down | status")
+    s.add_argument("rest", nargs=argparse.REMAINDER)
+    s.set_defaults(fn=cmd_cluster)
+    return p
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.fn(args)
+    except (SpecError, FaultError, ValueError, TimeoutError) as e:
+        print(f"workbench {args.command}: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,261 @@
+"""The run controller: one detached process per run that keeps the run going.
+
+``workbench.submit`` starts it (``python -m workbench.controller RUN_DIR``) in
+its own session, so the run outlives the notebook kernel that started it. It:
+
+- starts the lighthouse (elastic trainers) and keeps it up: a lighthouse that
+  dies is restarted on the same address, and the replicas' Managers reconnect;
+- submits one job per replica group through the cluster backend;
+- notices a job that ended without its trainer saying ``exit
+  reason=completed``, and relaunches that replica group as the next attempt
+  (``relaunch: auto``), up to ``max_restarts``;
+- fires the spec's fault schedule;
+- on SIGTERM (``run.stop()``) stops every job and the lighthouse;
+- writes ``run_end`` with the final state when no replica group is left.
+
+It learns everything about the jobs from the event log, like any other
+reader, and writes its own decisions to ``events/controller.jsonl``. Once one
+group has completed the target step, a dead group is not relaunched (it would
+find no live peer to heal from and train alone from scratch).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Optional
+
+from . import faults, rundir
+from .cluster import make_cluster
+from .events import EventReader, EventWriter
+from .lighthouse import Lighthouse
+from .spec import Spec
+from .trainers import ELASTIC, JobContext, job_entrypoint
+
+POLL_S = 0.1
+
+
+@dataclasses.dataclass
+class ReplicaSlot:
+    replica: int
+    attempt: int = -1
+    job: Any = None
+    state: str = "pending"  # pending | running | relaunch_wait | completed | failed | stopped
+    relaunch_at: float = 0.0
+    restarts: int = 0
+    last_step: int = 0
+    committed_steps: int = 0
+
+
+class Controller:
+    def __init__(self, run_dir: Path) -> None:
+        self.run_dir = Path(run_dir)
+        record = rundir.read_record(self.run_dir)
+        self.run_id = record["run_id"]
+        self.spec = Spec.model_validate(record["spec"])
+        self.writer = EventWriter(self.run_dir, "controller", run=self.run_id)
+        self.reader = EventReader(self.run_dir)
+        self.cluster = make_cluster(self.spec, self.run_dir)
+        self.elastic = self.spec.trainer in ELASTIC
+        self.lighthouse: Optional[Lighthouse] = None
+        self.slots = {r: ReplicaSlot(r) for r in range(self.spec.replicas if self.elastic else 1)}
+        self.exits: dict[tuple[int, int], dict] = {}
+        self.max_step = 0
+        self.stopping = False
+        self.t0 = time.time()
+        self.fired: set[int] = set()
+
+    # -- lifecycle -----------------------------------------------------------
+    def run(self) -> str:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        self.writer.emit("start", role="controller", trainer=self.spec.trainer, cluster=self.cluster.name)
+        state, reason = "failed", ""
+        try:
+            if self.elastic:
+                self.lighthouse = Lighthouse(self.spec, self.run_dir / "lighthouse", self.cluster.lighthouse_host)
+                self.lighthouse.start()
+                self.writer.emit("lighthouse", state="up", address=self.lighthouse.address, pid=self.lighthouse.pid)
+            for slot in self.slots.values():
+                self._launch(slot)
+            state, reason = self._loop()
+        except Exception as e:
+            reason = f"controller error: {type(e).__name__}: {e}"
+            traceback.print_exc()
+        finally:
+            self._shutdown()
+            self.writer.emit("run_end", state=state, reason=reason, steps=self.max_step)
+            self.writer.close()
+        return state
+
+    def _on_stop_signal(self, *_: Any) -> None:
+        self.stopping = True
+
+    def _loop(self) -> tuple[str, str]:
+        while True:
+            self._observe(self.reader.poll())
+            if self.stopping:
+                return "stopped", "stop requested"
+            self._supervise_lighthouse()
+            self._fire_schedule()
+            now = time.time()
+            for slot in self.slots.values():
+                if slot.state == "running" and self.cluster.is_done(slot.job):
+                    self._observe(self.reader.poll())
+                    self._job_ended(slot)
+                elif slot.state == "relaunch_wait" and now >= slot.relaunch_at:
+                    self._launch(slot)
+            states = {s.state for s in self.slots.values()}
+            if "completed" in states:
+                for slot in self.slots.values():
+                    if slot.state == "relaunch_wait":
+                        slot.state = "stopped"
+                    elif slot.state == "running" and slot.committed_steps == 0 and slot.attempt > 0:
+                        self._stop_job(slot, "peers completed before this replacement joined")
+            if states <= {"completed", "failed", "stopped"}:
+                if "completed" in states:
+                    return "completed", ""
+                return "failed", "every replica group failed or exhausted max_restarts"
+            time.sleep(POLL_S)
+
+    # -- jobs ----------------------------------------------------------------
+    def _launch(self, slot: ReplicaSlot) -> None:
+        slot.attempt += 1
+        slot.committed_steps = 0
+        ctx = JobContext(
+            run_dir=str(self.run_dir),
+            run_id=self.run_id,
+            spec=self.spec.to_dict(),
+            replica=slot.replica,
+            attempt=slot.attempt,
+            lighthouse_addr=self.lighthouse.address if self.lighthouse else None,
+            env=self._job_env(),
+        )
+        slot.job = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-r{slot.replica}")
+        slot.state = "running"
+        self.writer.emit("submit", replica=slot.replica, attempt=slot.attempt, job_id=str(slot.job.job_id))
+
+    def _job_env(self) -> dict:
+        env = {"PYTHONUNBUFFERED": "1"}
+        if self.lighthouse:
+            env["TORCHFT_LIGHTHOUSE"] = self.lighthouse.address
+            env["TORCHFT_QUORUM_RETRIES"] = str(self.spec.torchft.quorum_retries)
+        return env
+
+    def _job_ended(self, slot: ReplicaSlot) -> None:
+        exit_event = self.exits.get((slot.replica, slot.attempt))
+        clean = bool(exit_event and exit_event.get("reason") == "completed")
+        self.writer.emit(
+            "job", replica=slot.replica, attempt=slot.attempt, job_id=str(slot.job.job_id), state="ended",
+            clean=clean, reason=(exit_event or {}).get("reason", "died"),
+        )
+        if clean:
+            slot.state = "completed"
+            return
+        if slot.state == "stopped" or self.stopping:
+            slot.state = "stopped"
+            return
+        if any(s.state == "completed" for s in self.slots.values()):
+            slot.state = "stopped"
+            return
+        if self.spec.relaunch == "off" or slot.restarts >= self.spec.max_restarts:
+            slot.state = "failed"
+            return
+        slot.restarts += 1
+        slot.state = "relaunch_wait"
+        slot.relaunch_at = time.time() + self.spec.relaunch_delay_s
+        self.writer.emit(
+            "restart", replica=slot.replica, attempt=slot.attempt + 1,
+            reason=(exit_event or {}).get("reason", "died"), from_step=self.max_step,
+        )
+
+    def _stop_job(self, slot: ReplicaSlot, reason: str) -> None:
+        pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt)
+        if pid:
+            _signal(pid, signal.SIGTERM)
+        self.cluster.cancel(slot.job)
+        slot.state = "stopped"
+        self.writer.emit("warning", replica=slot.replica, message=f"stopped attempt {slot.attempt}: {reason}")
+
+    def _observe(self, events: list[dict]) -> None:
+        for e in events:
+            kind = e.get("kind")
+            r = e.get("replica")
+            if kind == "exit" and r is not None and e.get("role") is None:
+                self.exits[(r, e.get("attempt", 0))] = e
+            elif kind == "step" and r in self.slots:
+                slot = self.slots[r]
+                if e.get("attempt") == slot.attempt and e.get("committed"):
+                    slot.committed_steps += 1
+                    slot.last_step = e.get("step", 0)
+                    self.max_step = max(self.max_step, slot.last_step)
+
+    # -- lighthouse and faults ----------------------------------------------
+    def _supervise_lighthouse(self) -> None:
+        lh = self.lighthouse
+        if lh is None or lh.alive():
+            return
+        self.writer.emit("lighthouse", state="down", address=lh.address, pid=lh.pid, returncode=lh.proc.returncode)
+        lh.start()
+        self.writer.emit("lighthouse", state="up", address=lh.address, pid=lh.pid, restarted=True)
+
+    def _fire_schedule(self) -> None:
+        elapsed = time.time() - self.t0
+        for i, f in enumerate(self.spec.faults):
+            if i in self.fired:
+                continue
+            due = (f.at_step is not None and self.max_step >= f.at_step) or (f.at_s is not None and elapsed >= f.at_s)
+            if not due:
+                continue
+            self.fired.add(i)
+            target = f.target if f.target is not None else len(self.slots) - 1
+            try:
+                faults.inject(self.run_dir, f.action, target, origin="schedule", seconds=f.seconds, writer=self.writer)
+            except faults.FaultError as e:
+                self.writer.emit("warning", message=f"scheduled fault {i} not injected: {e}")
+
+    def _shutdown(self) -> None:
+        for slot in self.slots.values():
+            if slot.state in ("running",) and slot.job is not None and not self.cluster.is_done(slot.job):
+                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt)
+                if pid:
+                    _signal(pid, signal.SIGTERM)
+        deadline = time.time() + 10
+        for slot in self.slots.values():
+            if slot.job is None:
+                continue
+            while not self.cluster.is_done(slot.job) and time.time() < deadline:
+                time.sleep(POLL_S)
+            if not self.cluster.is_done(slot.job):
+                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt)
+                if pid:
+                    _signal(pid, signal.SIGKILL)
+                self.cluster.cancel(slot.job)
+        if self.lighthouse:
+            self.lighthouse.stop()
+            self.writer.emit("lighthouse", state="down", address=self.lighthouse.address, pid=self.lighthouse.pid)
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m workbench.controller RUN_DIR", file=sys.stderr)
+        return 2
+    state = Controller(Path(argv[0])).run()
+    return 0 if state in ("completed", "stopped") else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,208 @@
+"""The event log: the only channel from jobs to the notebook.
+
+Protocol
+--------
+Every process that has something to say (a replica attempt, the run controller,
+a notebook that injects a fault) owns exactly one file,
+``<run_dir>/events/<writer>.jsonl``, and appends one JSON object per line to it.
+Nobody else writes that file and nobody rewrites it, so no locking is needed,
+which is what works on NFS and Lustre.
+
+A reader keeps a byte offset per file and, on each poll, reads only what was
+appended since. A line without its trailing newline is a write in progress: the
+reader leaves it for the next poll. A line that is complete but not valid JSON
+(a disk that filled up mid-write, say) is skipped and counted, never fatal.
+
+Writers never stop training: if the run directory disappears or the disk is
+full, :class:`EventWriter` logs one warning and drops events from then on.
+
+Every event has ``t`` (unix seconds), ``kind``, ``run``, ``replica`` (or
+``None``), ``attempt``, ``host``, ``pid``. ``docs/events.md`` lists the kinds.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import threading
+import time
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import pandas as pd
+
+log = logging.getLogger(__name__)
+
+EVENTS_DIR = "events"
+
+KINDS = (
+    "start",
+    "exit",
+    "heartbeat",
+    "step",
+    "quorum",
+    "commit",
+    "heal",
+    "checkpoint",
+    "fault",
+    "restart",
+    "requeue",
+    "hang",
+    "submit",
+    "job",
+    "lighthouse",
+    "run_end",
+    "warning",
+)
+
+
+class EventWriter:
+    """Appends events to this process's own file in the run directory.
+
+    ``fields`` are stamped on every event (``run``, ``replica``, ``attempt``).
+    Each :meth:`emit` is one ``write`` of one whole line followed by a flush, so
+    a reader sees either nothing or the complete line (or, after a crash
+    mid-write, a torn tail it knows to ignore).
+    """
+
+    def __init__(self, run_dir: str | os.PathLike, writer: str, **fields: Any) -> None:
+        self.path = Path(run_dir) / EVENTS_DIR / f"{writer}.jsonl"
+        self.fields = {"run": None, "replica": None, "attempt": 0, **fields}
+        self.fields.setdefault("host", socket.gethostname())
+        self._lock = threading.Lock()
+        self._file = None
+        self._broken = False
+
+    def _open(self):
+        self.path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o600)
+        return os.fdopen(fd, "a", encoding="utf-8")
+
+    def emit(self, kind: str, **fields: Any) -> dict | None:
+        event = {"t": time.time(), "kind": kind, **self.fields, "pid": os.getpid(), **fields}
+        line = json.dumps(event, default=_json_default, allow_nan=True) + "\n"
+        with self._lock:
+            if self._broken:
+                return None
+            try:
+                if self._file is None:
+                    self._file = self._open()
+                self._file.write(line)
+                self._file.flush()
+            except OSError as e:
+                self._broken = True
+                log.warning("event log %s is not writable (%s); dropping further events", self.path, e)
+                return None
+        return event
+
+    def close(self) -> None:
+        with self._lock:
+            if self._file is not None:
+                try:
+                    self._file.close()
+                except OSError:
+                    pass
+                self._file = None
+
+
+def _json_default(obj: Any) -> Any:
+    if hasattr(obj, "item"):
+        return obj.item()
+    if isinstance(obj, (set, tuple)):
+        return list(obj)
+    return str(obj)
+
+
+class EventReader:
+    """Incremental reader over every writer's file in ``<run_dir>/events``.
+
+    :meth:`poll` returns the events appended since the previous call, in file
+    order within a writer. Files that appear later are picked up on the next
+    poll. Order across writers is by ``t`` only within a poll; consumers that
+    need a causal order use ``(replica, attempt, step)``.
+    """
+
+    def __init__(self, run_dir: str | os.PathLike) -> None:
+        self.dir = Path(run_dir) / EVENTS_DIR
+        self._offsets: dict[Path, int] = {}
+        self.skipped_lines = 0
+
+    def poll(self) -> list[dict]:
+        out: list[dict] = []
+        try:
+            files = sorted(self.dir.glob("*.jsonl"))
+        except OSError:
+            return out
+        for path in files:
+            out.extend(self._read_new(path))
+        if len(files) > 1:
+            out.sort(key=lambda e: e.get("t", 0.0))
+        return out
+
+    def _read_new(self, path: Path) -> Iterator[dict]:
+        offset = self._offsets.get(path, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            return
+        end = data.rfind(b"\n")
+        if end < 0:
+            return
+        self._offsets[path] = offset + end + 1
+        for line in data[: end + 1].splitlines():
+            if not line.strip():
+                continue
+            try:
+                event = json.loads(line)
+            except ValueError:
+                self.skipped_lines += 1
+                continue
+            if isinstance(event, dict) and "kind" in event:
+                yield event
+            else:
+                self.skipped_lines += 1
+
+
+def read_all(run_dir: str | os.PathLike) -> list[dict]:
+    return EventReader(run_dir).poll()
+
+
+def to_frame(events: Iterable[dict]) -> pd.DataFrame:
+    df = pd.DataFrame(list(events))
+    if df.empty:
+        return pd.DataFrame(columns=["t", "kind", "run", "replica", "attempt", "host", "pid"])
+    return df.sort_values("t", kind="stable").reset_index(drop=True)
+
+
+class TorchftLogHandler(logging.Handler):
+    """Turns torchft's structured loggers into events.
+
+    torchft's Manager logs one record per quorum change on ``torchft_quorums``
+    and one per ``should_commit`` on ``torchft_commits``, with the fields in the
+    record's ``extra`` (``quorum_id``, ``step``, ``commit_result``...).
+    """
+
+    FIELDS = ("quorum_id", "step", "commit_result", "rank")
+
+    def __init__(self, writer: EventWriter) -> None:
+        super().__init__(logging.INFO)
+        self.writer = writer
+
+    def emit(self, record: logging.LogRecord) -> None:
+        kind = {"torchft_quorums": "quorum", "torchft_commits": "commit"}.get(record.name)
+        if kind is None:
+            return
+        fields = {k: getattr(record, k) for k in self.FIELDS if hasattr(record, k)}
+        self.writer.emit(kind, **fields)
+
+    def install(self) -> "TorchftLogHandler":
+        for name in ("torchft_quorums", "torchft_commits"):
+            logger = logging.getLogger(name)
+            logger.setLevel(logging.INFO)
+            logger.addHandler(self)
+            logger.propagate = False
+        return self

@@ -1,0 +1,143 @@
+"""The one fault menu, used by the API, the CLI, the dashboard and schedules.
+
+A fault acts on a replica group's current process (found from its ``start``
+event: the newest attempt that has not exited) or on the lighthouse (found from
+the controller's ``lighthouse`` events), and is recorded as a ``fault`` event
+with its ``origin``. Locally a fault is a signal:
+
+| action | what happens |
+|---|---|
+| ``kill`` | SIGKILL: the process dies mid-step, as on a hardware fault |
+| ``hang`` | SIGSTOP, then SIGCONT after ``seconds`` (a detached helper resumes it, so a hang ends even if the notebook dies) |
+| ``preempt`` | SIGTERM: the trainer finishes its step and exits as preempted |
+| ``lighthouse_kill`` | SIGKILL to the lighthouse; the run controller restarts it on the same address |
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from .events import EventReader, EventWriter
+
+ACTIONS = ("kill", "hang", "preempt", "lighthouse_kill")
+ORIGINS = ("api", "cli", "button", "schedule")
+
+_writers: dict[str, EventWriter] = {}
+
+
+class FaultError(ValueError):
+    pass
+
+
+def actions_for(run_dir) -> list[str]:
+    return list(ACTIONS)
+
+
+def _control_writer(run_dir: Path) -> EventWriter:
+    key = str(Path(run_dir).resolve())
+    if key not in _writers:
+        from .rundir import read_record
+
+        run_id = read_record(run_dir)["run_id"]
+        _writers[key] = EventWriter(run_dir, f"control-{os.getpid()}", run=run_id)
+    return _writers[key]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie (exited, not yet reaped) counts as dead
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def replica_pid(run_dir, replica: int, attempt: Optional[int] = None, events: Optional[list] = None) -> Optional[int]:
+    """PID of the replica group's live process (newest attempt, or ``attempt``), or None."""
+    events = events if events is not None else EventReader(run_dir).poll()
+    starts, exited = {}, set()
+    for e in events:
+        if e.get("replica") != replica or e.get("role") == "controller":
+            continue
+        if e["kind"] == "start":
+            starts[e.get("attempt", 0)] = e.get("pid")
+        elif e["kind"] == "exit":
+            exited.add(e.get("attempt", 0))
+    candidates = [attempt] if attempt is not None else sorted(starts, reverse=True)
+    for a in candidates:
+        pid = starts.get(a)
+        if pid and a not in exited and _alive(pid):
+            return pid
+    return None
+
+
+def lighthouse_pid(run_dir, events: Optional[list] = None) -> Optional[int]:
+    events = events if events is not None else EventReader(run_dir).poll()
+    ups = [e for e in events if e["kind"] == "lighthouse" and e.get("state") == "up"]
+    return ups[-1].get("pid") if ups else None
+
+
+def inject(
+    run_dir,
+    action: str,
+    target: Optional[int] = None,
+    origin: str = "api",
+    seconds: Optional[float] = None,
+    writer: Optional[EventWriter] = None,
+) -> dict:
+    """Inject one fault and record it. Raises FaultError (nothing done) on bad input."""
+    run_dir = Path(run_dir)
+    if action not in ACTIONS:
+        raise FaultError(f"action: {action!r} is not a fault; allowed: {', '.join(ACTIONS)}")
+    if origin not in ORIGINS:
+        raise FaultError(f"origin: {origin!r}; allowed: {', '.join(ORIGINS)}")
+    writer = writer or _control_writer(run_dir)
+    events = EventReader(run_dir).poll()
+    if action == "lighthouse_kill":
+        pid = lighthouse_pid(run_dir, events)
+        if not pid or not _alive(pid):
+            raise FaultError("lighthouse_kill: this run has no live lighthouse")
+        os.kill(pid, signal.SIGKILL)
+        return writer.emit("fault", action=action, target="lighthouse", pid=pid, origin=origin)
+    if target is None:
+        raise FaultError(f"target: {action} needs a replica index")
+    pid = replica_pid(run_dir, int(target), events=events)
+    if pid is None:
+        raise FaultError(f"target: replica {target} has no live process to {action}")
+    if action == "kill":
+        os.kill(pid, signal.SIGKILL)
+    elif action == "preempt":
+        os.kill(pid, signal.SIGTERM)
+    elif action == "hang":
+        seconds = float(seconds if seconds is not None else 5.0)
+        if seconds <= 0:
+            raise FaultError(f"seconds: a hang lasts > 0 seconds, got {seconds}")
+        os.kill(pid, signal.SIGSTOP)
+        subprocess.Popen(
+            [sys.executable, "-m", "workbench.faults", "resume", str(run_dir), str(pid), str(seconds), str(target)],
+            start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        )
+    return writer.emit("fault", action=action, target=int(target), pid=pid, origin=origin, seconds=seconds)
+
+
+def _resume(run_dir: str, pid: int, seconds: float, target: int) -> None:
+    time.sleep(seconds)
+    if _alive(pid):
+        os.kill(pid, signal.SIGCONT)
+        _control_writer(Path(run_dir)).emit("fault", action="resume", target=target, pid=pid, origin="schedule")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 6 and sys.argv[1] == "resume":
+        _resume(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))

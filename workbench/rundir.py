@@ -1,0 +1,108 @@
+"""The run directory: the only contract between jobs and the notebook.
+
+```
+<run_root>/<run-id>/          0700, private to the user
+  run.json                     resolved spec, versions, code revision, who/when (written once)
+  events/<writer>.jsonl        one append-only file per writing process
+  jobs/                        submitit's folder: pickles, stdout/stderr of every job
+  checkpoints/                 trainer checkpoints
+  lighthouse/                  the lighthouse's log
+  controller.log               the run controller's own output
+```
+Nothing secret goes into ``run.json`` or the events.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import getpass
+import json
+import os
+import platform
+import secrets
+import socket
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+
+RUN_JSON = "run.json"
+_PACKAGES = ("torch", "torchft-nightly", "torchft", "submitit", "pandas", "plotly", "ipywidgets", "torchtitan")
+
+
+def new_run_id(name: str) -> str:
+    stamp = _dt.datetime.now().strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{name}-{secrets.token_hex(3)}"
+
+
+def package_versions() -> dict[str, str]:
+    out = {}
+    for name in _PACKAGES:
+        try:
+            out[name] = metadata.version(name)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def code_revision() -> dict:
+    root = Path(__file__).resolve().parent.parent
+    try:
+        commit = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5
+        ).stdout.strip()
+        dirty = bool(
+            subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
+                capture_output=True, text=True, timeout=5,
+            ).stdout.strip()
+        )
+    except (OSError, subprocess.SubprocessError):
+        commit, dirty = "", None
+    return {"commit": commit or None, "dirty": dirty}
+
+
+def create(run_root: str | os.PathLike, run_id: str, spec: dict) -> Path:
+    """Create the run directory and write run.json atomically (tmp + rename)."""
+    root = Path(run_root).expanduser().resolve()
+    root.mkdir(mode=0o700, parents=True, exist_ok=True)
+    run_dir = root / run_id
+    run_dir.mkdir(mode=0o700)
+    for sub in ("events", "jobs", "checkpoints", "lighthouse"):
+        (run_dir / sub).mkdir(mode=0o700)
+    record = {
+        "run_id": run_id,
+        "spec": spec,
+        "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
+        "user": getpass.getuser(),
+        "host": socket.gethostname(),
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+        "versions": package_versions(),
+        "code": code_revision(),
+    }
+    write_json(run_dir / RUN_JSON, record)
+    return run_dir
+
+
+def write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        json.dump(data, f, indent=2, sort_keys=True)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def read_record(run_dir: str | os.PathLike) -> dict:
+    path = Path(run_dir) / RUN_JSON
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"{run_dir}: not a run directory (no {RUN_JSON})") from None
+    except ValueError as e:
+        raise ValueError(f"{path}: unreadable ({e})") from None
+
+
+def is_run_dir(path: str | os.PathLike) -> bool:
+    return (Path(path) / RUN_JSON).is_file()

@@ -1,0 +1,307 @@
+"""The experiment spec: what to run, validated before anything starts.
+
+A spec is a YAML file in ``configs/`` plus overrides, either ``key=value``
+strings (dotted keys reach into sections: ``lighthouse.heartbeat_timeout_ms=500``)
+or a dict. Values in ``key=value`` are parsed as YAML scalars, so ``replicas=3``
+is an int and ``relaunch=off`` a string.
+
+Validation is pydantic with ``extra="forbid"`` everywhere; every failure is
+re-raised as one :class:`SpecError` whose message names each bad field and what
+it allows. Checks that need the world (a writable run root) are in
+:func:`preflight`; none of them starts or writes anything.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Literal, Mapping, Optional, Sequence, Union
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
+TRAINERS = ("torchft-lite", "titan", "maxtext")
+CLUSTERS = ("local", "slurm")
+
+
+class SpecError(ValueError):
+    """A spec that must not be run. The message names the field(s) and what is allowed."""
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class LighthouseSpec(_Section):
+    """torchft's lighthouse: decides quorums from heartbeats.
+
+    ``heartbeat_timeout_ms`` is how long a dead replica group holds survivors
+    up: 1000 ms instead of torchft's 5000 ms default.
+    """
+
+    heartbeat_timeout_ms: int = Field(1000, ge=50, le=600_000)
+    join_timeout_ms: int = Field(1000, ge=0, le=3_600_000)
+    quorum_tick_ms: int = Field(100, ge=10, le=10_000)
+    bind_host: str = "127.0.0.1"
+
+
+class TorchftSpec(_Section):
+    """Timeouts of each replica group's torchft Manager and process group.
+
+    ``pg_timeout_ms`` bounds how long a survivor's collective can wait on a dead
+    peer. A killed peer's socket usually resets at once, but a survivor waiting
+    on a peer that itself aborted only learns from this timeout (measured: 2.0 s
+    stall with a 2 s timeout). It defaults to the lighthouse heartbeat timeout,
+    which bounds the stall anyway: the new quorum cannot form sooner.
+    """
+
+    pg_timeout_ms: Optional[int] = Field(None, ge=100, le=3_600_000)
+    timeout_s: float = Field(30.0, gt=0, le=3600)
+    quorum_timeout_s: float = Field(60.0, gt=0, le=36_000)
+    quorum_retries: int = Field(20, ge=0, le=1000)
+    heartbeat_interval_ms: int = Field(100, ge=10, le=10_000)
+    use_async_quorum: bool = True
+
+
+class ModelSpec(_Section):
+    """The torchft-lite decoder language model and its synthetic data."""
+
+    vocab_size: int = Field(256, ge=8, le=1_000_000)
+    dim: int = Field(64, ge=8, le=16384)
+    layers: int = Field(2, ge=1, le=256)
+    heads: int = Field(4, ge=1, le=256)
+    seq_len: int = Field(32, ge=4, le=65536)
+    batch_size: int = Field(8, ge=1, le=65536)
+    lr: float = Field(3e-3, gt=0, le=10)
+    step_delay_s: float = Field(0.0, ge=0, le=60)
+
+    @model_validator(mode="after")
+    def _heads_divide_dim(self) -> "ModelSpec":
+        if self.dim % self.heads:
+            raise ValueError(f"dim ({self.dim}) must be a multiple of heads ({self.heads})")
+        return self
+
+
+class FaultSpec(_Section):
+    """One scheduled fault: at a step or a time since the run started."""
+
+    action: Literal["kill", "hang", "preempt", "lighthouse_kill"] = "kill"
+    target: Optional[int] = Field(None, ge=0)
+    at_step: Optional[int] = Field(None, ge=0)
+    at_s: Optional[float] = Field(None, ge=0)
+    seconds: float = Field(5.0, gt=0, le=3600)
+
+    @model_validator(mode="after")
+    def _when(self) -> "FaultSpec":
+        if (self.at_step is None) == (self.at_s is None):
+            raise ValueError("give exactly one of at_step or at_s")
+        return self
+
+
+class SlurmSpec(_Section):
+    partition: Optional[str] = None
+    account: Optional[str] = None
+    qos: Optional[str] = None
+    time_min: int = Field(60, ge=1)
+    nodes: int = Field(1, ge=1)
+    tasks_per_node: int = Field(1, ge=1)
+    gpus_per_node: int = Field(0, ge=0)
+    cpus_per_task: int = Field(1, ge=1)
+    requeue: bool = True
+    srun_args: list[str] = Field(default_factory=list)
+    setup: list[str] = Field(default_factory=list)
+
+
+class Spec(_Section):
+    """One experiment. ``workbench.load_spec`` builds it; ``to_dict`` round-trips."""
+
+    name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+    trainer: Literal["torchft-lite", "titan", "maxtext"] = "torchft-lite"
+    cluster: Literal["local", "slurm"] = "local"
+    replicas: int = Field(3, ge=1, le=1024)
+    min_replicas: int = Field(1, ge=1, le=1024)
+    nproc_per_replica: int = Field(1, ge=1, le=64)
+    steps: int = Field(200, ge=1, le=10_000_000)
+    seed: int = Field(0, ge=0)
+    run_root: str = Field(default_factory=lambda: os.environ.get("WORKBENCH_RUN_ROOT", "runs"))
+    relaunch: Literal["auto", "off"] = "auto"
+    relaunch_delay_s: float = Field(0.0, ge=0, le=3600)
+    max_restarts: int = Field(20, ge=0, le=10_000)
+    heartbeat_s: float = Field(1.0, gt=0, le=600)
+    checksum_every: int = Field(10, ge=1)
+    write_events: bool = True
+    lighthouse: LighthouseSpec = Field(default_factory=LighthouseSpec)
+    torchft: TorchftSpec = Field(default_factory=TorchftSpec)
+    model: ModelSpec = Field(default_factory=ModelSpec)
+    faults: list[FaultSpec] = Field(default_factory=list)
+    slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+    titan: dict[str, Any] = Field(default_factory=dict)
+    maxtext: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _cross_field(self) -> "Spec":
+        if self.min_replicas > self.replicas:
+            raise ValueError(
+                f"min_replicas ({self.min_replicas}) must be <= replicas ({self.replicas})"
+            )
+        for i, f in enumerate(self.faults):
+            if f.target is not None and f.target >= self.replicas and f.action != "lighthouse_kill":
+                raise ValueError(f"faults[{i}].target ({f.target}) must be < replicas ({self.replicas})")
+        return self
+
+    @property
+    def pg_timeout_ms(self) -> int:
+        return self.torchft.pg_timeout_ms or self.lighthouse.heartbeat_timeout_ms
+
+    def to_dict(self) -> dict:
+        return self.model_dump(mode="json")
+
+
+def _format_errors(err: ValidationError) -> str:
+    lines = []
+    for e in err.errors():
+        field = ".".join(str(p) for p in e["loc"]) or "spec"
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            msg = "unknown key"
+            parent = _model_at(e["loc"][:-1])
+            if parent is not None:
+                msg += f"; allowed: {', '.join(sorted(parent.model_fields))}"
+        elif e["type"] == "literal_error":
+            msg = f"got {e.get('input')!r}; {msg[0].lower()}{msg[1:]}"
+        elif msg.startswith("Value error, "):
+            msg = msg[len("Value error, "):]
+        lines.append(f"{field}: {msg}")
+    return "invalid spec: " + "; ".join(lines)
+
+
+def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
+    model: Any = Spec
+    for part in loc:
+        if isinstance(part, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(part)
+        if field is None:
+            return None
+        ann = field.annotation
+        args = getattr(ann, "__args__", ())
+        candidates = [ann, *args]
+        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if model is None:
+            return None
+    return model
+
+
+def parse_override(item: str) -> tuple[str, Any]:
+    if "=" not in item:
+        raise SpecError(f"override {item!r}: expected key=value")
+    key, _, raw = item.partition("=")
+    key = key.strip()
+    if not key:
+        raise SpecError(f"override {item!r}: empty key")
+    try:
+        value = yaml.safe_load(raw) if raw.strip() else ""
+    except yaml.YAMLError as e:
+        raise SpecError(f"{key}: cannot parse {raw!r} ({e.__class__.__name__})") from None
+    return key, value
+
+
+def _set_dotted(d: dict, key: str, value: Any) -> None:
+    parts = key.split(".")
+    cur = d
+    for p in parts[:-1]:
+        nxt = cur.get(p)
+        if nxt is None:
+            nxt = cur[p] = {}
+        if not isinstance(nxt, dict):
+            raise SpecError(f"{key}: {p} is not a section")
+        cur = nxt
+    cur[parts[-1]] = value
+
+
+def resolve_config_path(config: str | os.PathLike) -> Path:
+    p = Path(config)
+    if p.exists():
+        return p
+    for cand in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
+        if cand.exists():
+            return cand
+    names = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
+    raise SpecError(f"config: {str(config)!r} not found; shipped configs: {', '.join(names)}")
+
+
+def load_yaml(path: Path) -> dict:
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as e:
+        raise SpecError(f"config {path}: not valid YAML for safe loading ({e})") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise SpecError(f"config {path}: top level must be a mapping, got {type(data).__name__}")
+    return data
+
+
+def load_spec(
+    config: Union[str, os.PathLike, Mapping[str, Any], Spec, None] = None,
+    overrides: Union[Sequence[str], Mapping[str, Any], None] = None,
+    **kwargs: Any,
+) -> Spec:
+    """Build a validated :class:`Spec` from a config name/path/dict plus overrides.
+
+    ``load_spec("demo", ["replicas=2"])``, ``load_spec("demo", {"model.dim": 32})``
+    and ``load_spec(steps=50)`` all work; a dotted key reaches into a section.
+    """
+    if isinstance(config, Spec):
+        data = config.to_dict()
+    elif isinstance(config, Mapping):
+        data = dict(config)
+    elif config is None:
+        data = {}
+    else:
+        data = load_yaml(resolve_config_path(config))
+    items: list[tuple[str, Any]] = []
+    if isinstance(overrides, Mapping):
+        items.extend(overrides.items())
+    elif overrides:
+        if isinstance(overrides, str):
+            overrides = [overrides]
+        items.extend(parse_override(o) for o in overrides)
+    items.extend(kwargs.items())
+    for key, value in items:
+        _set_dotted(data, key, value)
+    try:
+        return Spec.model_validate(data)
+    except ValidationError as e:
+        raise SpecError(_format_errors(e)) from None
+
+
+def preflight(spec: Spec) -> list[str]:
+    """World-facing checks before submit. Raises SpecError on fatal ones; returns warnings.
+
+    Nothing is created: the run root's writability is judged on the nearest
+    existing ancestor.
+    """
+    root = Path(spec.run_root).expanduser().resolve()
+    probe = root
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
+        raise SpecError(f"run_root: {str(root)!r} is not writable (checked {str(probe)!r})")
+    warnings: list[str] = []
+    hb = spec.lighthouse.heartbeat_timeout_ms
+    if spec.pg_timeout_ms < hb:
+        warnings.append(
+            f"torchft.pg_timeout_ms ({spec.pg_timeout_ms}) < lighthouse.heartbeat_timeout_ms ({hb}): "
+            "a slow step fails its collective and is discarded, yet the next quorum still waits "
+            "for the heartbeat timeout"
+        )
+    if spec.torchft.quorum_timeout_s * 1000 <= hb:
+        warnings.append(
+            f"torchft.quorum_timeout_s ({spec.torchft.quorum_timeout_s}) must exceed the heartbeat "
+            f"timeout ({hb} ms), or a quorum times out before a dead replica is dropped"
+        )
+    return warnings

@@ -1,0 +1,241 @@
+"""torchft-lite: the smallest honest torchft training loop.
+
+One replica group = one process here (``nproc_per_replica`` ranks on a
+cluster). Each step:
+
+1. ``optimizer.zero_grad()`` starts a quorum with the lighthouse (async: it
+   overlaps the forward pass). A group that is behind is told to heal and
+   fetches the live peers' weights and optimizer state over HTTP.
+2. forward/backward; torchft's DDP all-reduces gradients over the current
+   quorum's gloo process group (a healing group contributes zeros).
+3. ``should_commit()`` — every group votes; the step counts only if every
+   participant finished its all-reduce. If a peer died mid-step the survivors
+   discard the step (it is recorded with ``committed=False``) and go on.
+
+The data is synthetic and deterministic: batch ``(seed, step, replica)`` can
+always be rebuilt, so two runs with the same spec see the same tokens. Each
+sequence is an arithmetic progression modulo the vocabulary, which a small
+decoder learns quickly, so the loss curve visibly falls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import signal
+import threading
+import time
+
+from .base import JobContext
+
+
+def make_batch(seed: int, step: int, replica: int, batch_size: int, seq_len: int, vocab: int):
+    import torch
+
+    g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1009 + replica)
+    start = torch.randint(0, vocab, (batch_size, 1), generator=g)
+    stride = torch.randint(1, 8, (batch_size, 1), generator=g)
+    seq = (start + stride * torch.arange(seq_len + 1)) % vocab
+    return seq[:, :-1], seq[:, 1:]
+
+
+def build_model(m):
+    import torch
+    from torch import nn
+
+    class TinyDecoder(nn.Module):
+        """Token + position embeddings, causal transformer blocks, a linear head."""
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.tok = nn.Embedding(m["vocab_size"], m["dim"])
+            self.pos = nn.Embedding(m["seq_len"], m["dim"])
+            layer = nn.TransformerEncoderLayer(
+                m["dim"], m["heads"], 4 * m["dim"], dropout=0.0, batch_first=True, norm_first=True
+            )
+            self.blocks = nn.TransformerEncoder(layer, m["layers"], enable_nested_tensor=False)
+            self.norm = nn.LayerNorm(m["dim"])
+            self.head = nn.Linear(m["dim"], m["vocab_size"])
+            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(m["seq_len"]), persistent=False)
+
+        def forward(self, x):
+            h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
+            h = self.blocks(h, mask=self.mask[: x.shape[1], : x.shape[1]], is_causal=True)
+            return self.head(self.norm(h))
+
+    return TinyDecoder()
+
+
+def weights_checksum(model) -> str:
+    h = hashlib.sha1()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def state_bytes(obj) -> int:
+    import torch
+
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
+
+
+class _Heartbeat(threading.Thread):
+    """Reports liveness and the current step while a step is slow."""
+
+    def __init__(self, writer, period: float) -> None:
+        super().__init__(daemon=True, name="workbench-heartbeat")
+        self.writer, self.period, self.step = writer, period, 0
+        self._stop_evt = threading.Event()
+
+    def run(self) -> None:
+        while not self._stop_evt.wait(self.period):
+            self.writer.emit("heartbeat", step=self.step)
+
+    def stop(self) -> None:
+        self._stop_evt.set()
+
+
+def run(ctx: JobContext) -> None:
+    t_start = time.time()
+    spec = ctx.spec
+    writer = ctx.writer()
+    writer.emit("start", trainer="torchft-lite", role="replica", world_size=1)
+    stop_reason: list[str] = []
+    signal.signal(signal.SIGTERM, lambda *_: stop_reason.append("preempted"))
+    signal.signal(signal.SIGUSR2, lambda *_: stop_reason.append("preempted"))
+
+    if spec["cluster"] == "local":
+        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    import torch
+
+    torch.set_num_threads(1)
+    from datetime import timedelta
+
+    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    from ..events import TorchftLogHandler
+
+    TorchftLogHandler(writer).install()
+    writer.emit("phase", phase="imports_done", seconds=time.time() - t_start)
+
+    m = spec["model"]
+    tf = spec["torchft"]
+    torch.manual_seed(spec["seed"])
+    model = build_model(m)
+    inner_opt = torch.optim.AdamW(model.parameters(), lr=m["lr"])
+    # The first AdamW step imports and compiles a lot; pay for it before joining a quorum.
+    warm = build_model(m)
+    warm_opt = torch.optim.AdamW(warm.parameters(), lr=m["lr"])
+    x, y = make_batch(0, 0, 0, 1, m["seq_len"], m["vocab_size"])
+    torch.nn.functional.cross_entropy(warm(x).flatten(0, 1), y.flatten()).backward()
+    warm_opt.step()
+    del warm, warm_opt
+
+    heal_stats: dict = {}
+
+    class InstrumentedTransport(HTTPTransport):
+        """HTTPTransport that measures what a heal fetched, for the ``heal`` event."""
+
+        def recv_checkpoint(self, src_rank, metadata, step, timeout):
+            t0 = time.perf_counter()
+            sd = super().recv_checkpoint(src_rank, metadata, step, timeout)
+            heal_stats.update(
+                seconds=time.perf_counter() - t0, bytes=state_bytes(sd), from_address=metadata,
+                src_rank=src_rank, step=step,
+            )
+            return sd
+
+    def load_state_dict(sd) -> None:
+        model.load_state_dict(sd["model"])
+        inner_opt.load_state_dict(sd["optim"])
+        writer.emit("heal", **heal_stats, weights=weights_checksum(model))
+
+    def state_dict():
+        return {"model": model.state_dict(), "optim": inner_opt.state_dict()}
+
+    timeout = timedelta(seconds=tf["timeout_s"])
+    transport = InstrumentedTransport(timeout=timeout, num_chunks=0)
+    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    pg = ProcessGroupGloo(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
+    writer.emit(
+        "phase", phase="model_ready", seconds=time.time() - t_start, checkpoint_address=transport.metadata()
+    )
+    manager = Manager(
+        pg=pg,
+        min_replica_size=spec["min_replicas"],
+        load_state_dict=load_state_dict,
+        state_dict=state_dict,
+        replica_id=f"replica_{ctx.replica}",
+        store_addr="127.0.0.1",
+        store_port=store.port,
+        rank=0,
+        world_size=1,
+        lighthouse_addr=ctx.lighthouse_addr,
+        timeout=timeout,
+        quorum_timeout=timedelta(seconds=tf["quorum_timeout_s"]),
+        connect_timeout=timeout,
+        heartbeat_interval=timedelta(milliseconds=tf["heartbeat_interval_ms"]),
+        checkpoint_transport=transport,
+        quorum_retries=tf["quorum_retries"],
+        use_async_quorum=tf["use_async_quorum"],
+    )
+    ddp = DistributedDataParallel(manager, model)
+    optimizer = Optimizer(manager, inner_opt)
+    writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)
+
+    beat = _Heartbeat(writer, spec["heartbeat_s"])
+    beat.start()
+    steps = spec["steps"]
+    checksum_every = max(1, int(spec.get("checksum_every", 10)))
+    tokens = m["batch_size"] * m["seq_len"]
+    emit_steps = spec.get("write_events", True)
+    reason = "completed"
+    try:
+        while manager.current_step() < steps:
+            if stop_reason:
+                reason = stop_reason[0]
+                break
+            t0 = time.perf_counter()
+            optimizer.zero_grad()
+            step_before = manager.current_step()
+            x, y = make_batch(spec["seed"], step_before, ctx.replica, m["batch_size"], m["seq_len"], m["vocab_size"])
+            loss = torch.nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+            loss.backward()
+            optimizer.step()
+            if m["step_delay_s"]:
+                time.sleep(m["step_delay_s"])
+            step = manager.current_step()
+            dt = time.perf_counter() - t0
+            beat.step = step
+            if emit_steps:
+                fields = dict(
+                    step=step, loss=float(loss.item()), committed=bool(step > step_before),
+                    participating=bool(manager.is_participating()), participants=manager.num_participants(),
+                    quorum_id=manager._quorum_id, step_time_s=dt, tokens_per_s=tokens / dt if dt else None,
+                    batch_seed=[spec["seed"], step_before, ctx.replica],
+                )
+                if step % checksum_every == 0 or step >= steps:
+                    fields["weights"] = weights_checksum(model)
+                writer.emit("step", **fields)
+    except Exception as e:  # recorded, then re-raised so the job is seen to fail
+        writer.emit("exit", reason="error", step=manager.current_step(), error=f"{type(e).__name__}: {e}")
+        raise
+    finally:
+        beat.stop()
+    writer.emit("exit", reason=reason, step=manager.current_step(), weights=weights_checksum(model))
+    manager.shutdown(wait=False)
+    writer.close()
+    if reason != "completed":
+        os._exit(0)  # the controller relaunches on a non-completed exit; skip slow teardown
+
+
+def _pg_timeout_ms(spec: dict) -> int:
+    return spec["torchft"].get("pg_timeout_ms") or spec["lighthouse"]["heartbeat_timeout_ms"]
