@@ -1,0 +1,164 @@
+"""The dev Slurm cluster: real slurmctld, 3 slurmd, slurmdbd, MariaDB and munge on localhost.
+
+One cluster per module, in a temporary state directory (never the user's own
+``~/.cache/workbench/slurm``); its finalizer stops every daemon by the PIDs
+``up()`` recorded, also when a test failed.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+
+import psutil
+import pytest
+
+from workbench.cluster import devcluster
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
+        reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root"),
+]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("slurm")
+    env = pytest.MonkeyPatch()
+    try:
+        t0 = time.monotonic()
+        info = devcluster.up(state_dir)
+        print(f"\nup() from nothing: {time.monotonic() - t0:.1f}s")
+        env.setenv("SLURM_CONF", info["env"]["SLURM_CONF"])
+        yield info
+    finally:
+        env.undo()
+        pids = [d["pid"] for d in (devcluster._read_state(devcluster.Layout(state_dir)) or {"daemons": {}})
+                ["daemons"].values()]
+        devcluster.down(state_dir)
+        for pid in pids:
+            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                os.kill(pid, 9)
+
+
+def slurm(*argv: str) -> subprocess.CompletedProcess:
+    return subprocess.run(argv, capture_output=True, text=True, timeout=30, check=False)
+
+
+def queued_jobs() -> list[str]:
+    return slurm("squeue", "-h", "-o", "%i").stdout.split()
+
+
+def wait_for(condition, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout_s}s waiting for {what}")
+        time.sleep(0.2)
+
+
+def test_status_shows_three_idle_nodes(cluster):
+    st = devcluster.status(cluster["state_dir"])
+    assert st["up"]
+    assert all(d["alive"] for d in st["daemons"].values()), st["daemons"]
+    assert st["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+
+
+def test_find_slurm_conf(cluster, tmp_path):
+    assert str(devcluster.find_slurm_conf(cluster["state_dir"])) == cluster["slurm_conf"]
+    assert devcluster.find_slurm_conf(tmp_path / "no-cluster-here") is None
+
+
+def test_submitit_job_runs_to_completion(cluster, tmp_path):
+    import submitit
+
+    t0 = time.monotonic()
+    executor = submitit.AutoExecutor(folder=tmp_path / "jobs", cluster="slurm")
+    executor.update_parameters(timeout_min=5, slurm_partition=cluster["partition"],
+                               slurm_additional_parameters={"account": cluster["account"]})
+    job = executor.submit(os.getenv, "SLURMD_NODENAME")
+    wait_for(job.done, 60, f"job {job.job_id} to finish")
+    assert job.result() in cluster["nodes"]
+    print(f"\nsubmitit round trip: {time.monotonic() - t0:.1f}s")
+    # The result file comes before slurmctld has reported the end to slurmdbd, so sacct lags.
+    wait_for(lambda: job.state == "COMPLETED", 30, f"sacct to show job {job.job_id} COMPLETED")
+    wait_for(lambda: queued_jobs() == [], 30, "an empty queue")
+
+
+def test_up_twice_is_idempotent(cluster):
+    t0 = time.monotonic()
+    again = devcluster.up(cluster["state_dir"])
+    assert again["started"] is False
+    assert again["pids"] == cluster["pids"]
+    assert again["slurm_conf"] == cluster["slurm_conf"]
+    assert again["ports"] == cluster["ports"]
+    assert time.monotonic() - t0 < 5
+
+
+def test_up_restarts_a_cluster_with_a_dead_daemon(cluster):
+    victim = psutil.Process(cluster["pids"]["slurmd-n2"])
+    victim.kill()
+    victim.wait(10)
+    assert devcluster.status(cluster["state_dir"])["up"] is False
+    info = devcluster.up(cluster["state_dir"])
+    assert info["started"] is True
+    assert devcluster.status(cluster["state_dir"])["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    cluster["pids"].update(info["pids"])
+
+
+def test_state_dir_that_slurm_conf_cannot_hold_is_refused(tmp_path):
+    with pytest.raises(devcluster.DevClusterError, match="state_dir .*whitespace"):
+        devcluster.up(tmp_path / "with space")
+    with pytest.raises(devcluster.DevClusterError, match="too long for a Unix socket"):
+        devcluster.up(tmp_path / ("x" * 100))
+
+
+def test_nonexistent_partition_fails_clearly_and_queues_nothing(cluster, tmp_path):
+    import submitit
+
+    wait_for(lambda: queued_jobs() == [], 30, "an empty queue")
+    executor = submitit.SlurmExecutor(folder=tmp_path / "jobs")
+    executor.update_parameters(partition="no-such-partition", time=5)
+    with pytest.raises(submitit.core.utils.FailedJobError, match="invalid partition"):
+        executor.submit(sum, [1, 2])
+    assert queued_jobs() == []
+
+
+def test_nonexistent_account_is_rejected(cluster):
+    wait_for(lambda: queued_jobs() == [], 30, "an empty queue")
+    result = slurm("sbatch", "--account=no-such-account", "--wrap=true")
+    assert result.returncode != 0
+    assert "Invalid account" in result.stderr
+    assert queued_jobs() == []
+
+
+def test_node_down_and_resume(cluster):
+    def state_of(node: str) -> str:
+        return devcluster.status(cluster["state_dir"])["nodes"].get(node, "")
+
+    assert slurm("scontrol", "update", "NodeName=n1", "State=DOWN", "Reason=test").returncode == 0
+    wait_for(lambda: state_of("n1").startswith("down"), 10, "n1 down")
+    assert slurm("scontrol", "update", "NodeName=n1", "State=RESUME").returncode == 0
+    wait_for(lambda: state_of("n1") == "idle", 30, "n1 idle again")
+
+
+def test_down_stops_every_daemon_and_up_restarts(cluster):
+    pids = list(cluster["pids"].values())
+    stopped = devcluster.down(cluster["state_dir"])
+    assert sorted(stopped) == sorted(devcluster.DAEMONS)
+    assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
+    assert devcluster.find_slurm_conf(cluster["state_dir"]) is None
+    assert devcluster.status(cluster["state_dir"])["up"] is False
+
+    t0 = time.monotonic()
+    info = devcluster.up(cluster["state_dir"])
+    print(f"\nup() again on existing state: {time.monotonic() - t0:.1f}s")
+    assert info["started"] is True
+    assert devcluster.status(cluster["state_dir"])["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    cluster["pids"].update(info["pids"])
