@@ -35,7 +35,18 @@ class FaultError(ValueError):
     pass
 
 
+def _cluster(run_dir) -> str:
+    from .rundir import read_record
+
+    return read_record(run_dir)["spec"].get("cluster", "local")
+
+
 def actions_for(run_dir) -> list[str]:
+    """The actions this run's backend supports (the dashboard's menu)."""
+    if _cluster(run_dir) == "slurm":
+        from .cluster import slurm
+
+        return list(slurm.ACTIONS)
     return list(ACTIONS)
 
 
@@ -98,12 +109,17 @@ def inject(
 ) -> dict:
     """Inject one fault and record it. Raises FaultError (nothing done) on bad input."""
     run_dir = Path(run_dir)
-    if action not in ACTIONS:
-        raise FaultError(f"action: {action!r} is not a fault; allowed: {', '.join(ACTIONS)}")
+    allowed = actions_for(run_dir)
+    if action not in allowed:
+        raise FaultError(f"action: {action!r} is not a fault here; allowed: {', '.join(allowed)}")
     if origin not in ORIGINS:
         raise FaultError(f"origin: {origin!r}; allowed: {', '.join(ORIGINS)}")
     writer = writer or _control_writer(run_dir)
     events = EventReader(run_dir).poll()
+    if _cluster(run_dir) == "slurm":
+        from .cluster import slurm
+
+        return slurm.inject(run_dir, action, target, origin=origin, seconds=seconds, writer=writer, events=events)
     if action == "lighthouse_kill":
         pid = lighthouse_pid(run_dir, events)
         if not pid or not _alive(pid):

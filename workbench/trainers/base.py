@@ -34,6 +34,16 @@ class JobContext:
             self.run_dir, self.writer_name, run=self.run_id, replica=self.replica, attempt=self.attempt
         )
 
+    @staticmethod
+    def placement() -> dict:
+        """Where this job landed: the node and scheduler job id, for the health grid."""
+        import socket
+
+        return {
+            "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+        }
+
 
 def job_entrypoint(ctx: JobContext) -> None:
     """The function submitit pickles: set the environment, then run the trainer."""

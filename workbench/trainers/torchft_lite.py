@@ -106,7 +106,7 @@ def run(ctx: JobContext) -> None:
     t_start = time.time()
     spec = ctx.spec
     writer = ctx.writer()
-    writer.emit("start", trainer="torchft-lite", role="replica", world_size=1)
+    writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, **ctx.placement())
     stop_reason: list[str] = []
     signal.signal(signal.SIGTERM, lambda *_: stop_reason.append("preempted"))
     signal.signal(signal.SIGUSR2, lambda *_: stop_reason.append("preempted"))
