@@ -7,21 +7,40 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lab bench soak clean
+.PHONY: demo test env lab bench soak clean maxtext-env slurm-pkgs browser-env
 
 env: $(STAMP)
 
-$(STAMP): pyproject.toml
+# MaxText needs Python >= 3.12 and runs in its own environment, as in its own container.
+maxtext-env:
+	bash scripts/setup-maxtext.sh
+
+# Debian's chromium and JupyterLab + Playwright for the browser tests (no browser download).
+browser-env: $(STAMP)
+	PYTHON=$(PY) bash scripts/setup-browser.sh
+
+# Debian's Slurm, MariaDB and munge for the local Slurm cluster the tests bring up.
+slurm-pkgs:
+	bash scripts/install-slurm.sh
+
+$(STAMP): pyproject.toml requirements-titan.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
-	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]"
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]" -r requirements-titan.txt "$(TORCH)"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/workbench demo
 
-test: $(STAMP)
+test: $(STAMP) maxtext-env slurm-pkgs browser-env
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# JupyterLab on the notebooks, loopback only; it prints the URL with its token.
+lab: browser-env
+	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
+
+soak: $(STAMP)
+	$(PY) -m workbench.soak --faults 50
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache test-artifacts

@@ -16,7 +16,7 @@ from workbench.spec import load_spec, preflight
         (["replicas=three"], "replicas", "integer"),
         (["replicas=0"], "replicas", "greater than or equal to 1"),
         (["replicas=2", "min_replicas=3"], "min_replicas", "<= replicas"),
-        (["trainer=pytorch-lightning"], "trainer", "'torchft-lite', 'titan' or 'maxtext'"),
+        (["trainer=pytorch-lightning"], "trainer", "'torchft-lite', 'titan', 'maxtext' or 'ddp-restart'"),
         (["cluster=k8s"], "cluster", "'local' or 'slurm'"),
         (["steps=-5"], "steps", "greater than or equal to 1"),
         (["model.dim=30", "model.heads=4"], "model", "multiple of heads"),

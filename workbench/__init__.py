@@ -11,6 +11,8 @@
 from .run import Run, attach, submit
 from .spec import Spec, SpecError, load_spec
 from .faults import FaultError
+from .sweep import Sweep, attach_sweep, sweep
+from .replay import replay
 
-__all__ = ["Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit"]
+__all__ = ["Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit", "Sweep", "sweep", "attach_sweep", "replay"]
 __version__ = "0.1.0"

@@ -73,10 +73,14 @@ def controller_pid(events: list[dict]) -> Optional[int]:
 
 
 def all_pids(events: list[dict]) -> list[int]:
+    """PIDs of this host's processes of the run (controller, lighthouse, local jobs)."""
+    import socket
+
+    here = socket.gethostname()
     pids = []
     for e in events:
         if e.get("kind") == "start" or (e.get("kind") == "lighthouse" and e.get("state") == "up"):
-            if e.get("pid") and e["pid"] not in pids:
+            if e.get("pid") and e["pid"] not in pids and e.get("host", here) == here:
                 pids.append(e["pid"])
     return pids
 
@@ -85,12 +89,12 @@ def replica_states(events: list[dict], replicas: int) -> dict[int, dict]:
     """Per replica group: state, attempt, step, pid, from events only."""
     out = {r: {"state": "pending", "attempt": 0, "step": 0, "pid": None, "t": None} for r in range(replicas)}
     for e in events:
-        r = e.get("replica")
+        kind = e["kind"]
+        r = e.get("target") if kind in ("fault", "hang") else e.get("replica")
         if r not in out or e.get("role") == "controller":
             continue
         s = out[r]
-        kind = e["kind"]
-        if e.get("attempt", 0) < s["attempt"] and kind not in ("fault",):
+        if e.get("attempt", 0) < s["attempt"] and kind not in ("fault", "hang"):
             continue
         if kind == "submit":
             s.update(attempt=e.get("attempt", 0), state="pending")
@@ -105,13 +109,15 @@ def replica_states(events: list[dict], replicas: int) -> dict[int, dict]:
             s["state"] = "finished" if e.get("reason") == "completed" else "dead"
         elif kind == "job" and e.get("attempt", 0) == s["attempt"] and not e.get("clean"):
             s["state"] = "dead"
-        elif kind == "fault" and e.get("target") == r:
+        elif kind == "fault":
             if e.get("action") == "kill":
                 s["state"] = "dead"
             elif e.get("action") == "hang":
                 s["state"] = "hung"
             elif e.get("action") == "resume":
                 s["state"] = "participating"
+        elif kind == "hang":
+            s["state"] = "hung"
         s["t"] = e.get("t")
     return out
 
@@ -145,6 +151,10 @@ def fault_recoveries(events: list[dict]) -> pd.DataFrame:
     rows = []
     for f in kills:
         tf, victim = f["t"], f.get("target")
+        attempt_then = max(
+            (e.get("attempt", 0) for e in events if e.get("kind") == "start" and e.get("replica") == victim and e["t"] <= tf),
+            default=0,
+        )
         row = {"t": tf, "target": victim, "origin": f.get("origin")}
         stalls = []
         if not df.empty:
@@ -157,9 +167,16 @@ def fault_recoveries(events: list[dict]) -> pd.DataFrame:
                 if before.empty or after.empty:
                     continue
                 normal = float(np.median(np.diff(g["t"].to_numpy()))) if len(g) > 2 else 0.0
-                stalls.append(float(after["t"].iloc[0] - before["t"].iloc[-1]) - normal)
+                # The stall can land a step late (the peer died after its share of the step in
+                # flight): look at every gap up to the first step committed without the victim.
+                n_before = before["participants"].iloc[-1]
+                smaller = after[after["participants"] < n_before] if n_before is not None else after.iloc[:0]
+                end = smaller.index[0] if not smaller.empty else after.index[min(len(after) - 1, 3)]
+                window = pd.concat([before.iloc[-1:], after.loc[:end]])
+                stalls.append(float(np.diff(window["t"].to_numpy()).max()) - normal)
+            later_attempt = committed["attempt"] > attempt_then if f.get("action") != "hang" else True
             rejoin = committed[
-                (committed["replica"] == victim) & (committed["t"] > tf)
+                (committed["replica"] == victim) & (committed["t"] > tf) & later_attempt
                 & (committed["participating"].fillna(True).astype(bool))
             ]
             row["kill_to_rejoin_s"] = float(rejoin["t"].iloc[0] - tf) if not rejoin.empty else None
@@ -228,3 +245,253 @@ def summary(events: list[dict], spec) -> dict:
         "participants_at_end": members_after,
         "submit_to_first_step_s": first,
     }
+
+
+# -- recovery timeline -------------------------------------------------------
+
+REPLICA_FAULTS = ("kill", "hang", "preempt", "node_down", "slurmd_kill")
+MILESTONES = ("detected", "quorum_without_victim", "replacement_started", "imports_done", "heal_done", "participating")
+
+
+def recovery_timeline(events: list[dict]) -> pd.DataFrame:
+    """One row per fault, each milestone in seconds after the fault (NaN: not reached).
+
+    Elastic (torchft): fault → detected (a survivor's step voted down, or its
+    next quorum) → quorum without the victim → replacement started (next
+    attempt's ``start``, or the ``resume`` of a hang) → imports done → heal
+    done → participating again. Checkpoint-restart (MaxText): fault → restart
+    → restore done → first step, with ``steps_lost``.
+    """
+    evs = sorted(events, key=lambda e: e.get("t", 0.0))
+    rows = []
+    for f in evs:
+        if f.get("kind") == "fault" and f.get("action") == "lighthouse_kill":
+            rows.append(_lighthouse_recovery(f, evs))
+            continue
+        if f.get("kind") != "fault" or f.get("action") not in REPLICA_FAULTS or not isinstance(f.get("target"), int):
+            continue
+        tf, victim = f["t"], f["target"]
+        later = [e for e in evs if e["t"] > tf]
+        mine = [e for e in later if e.get("replica") == victim]
+        others = [e for e in later if e.get("replica") not in (None, victim)]
+        before = [e for e in evs if e["t"] <= tf and e.get("replica") == victim and e.get("kind") == "step"]
+        attempt0 = before[-1]["attempt"] if before else f.get("attempt", 0)
+
+        def first(seq, pred):
+            return next((e["t"] - tf for e in seq if pred(e)), np.nan)
+
+        last_before = max((e.get("step", 0) for e in before if e.get("committed")), default=0)
+        row = {"t": tf, "action": f["action"], "target": victim, "origin": f.get("origin")}
+        row["detected"] = first(
+            others, lambda e: (e["kind"] == "commit" and e.get("commit_result") is False) or e["kind"] == "quorum"
+        )
+        row["quorum_without_victim"] = first(others, lambda e: e["kind"] == "quorum")
+        if f["action"] == "hang":
+            row["replacement_started"] = first(
+                later, lambda e: e.get("kind") == "fault" and e.get("action") == "resume" and e.get("target") == victim
+            )
+            row["imports_done"] = row["replacement_started"]
+            new_attempt = lambda e: True  # noqa: E731 - the same process carries on
+        else:
+            new_attempt = lambda e: e.get("attempt", 0) > attempt0  # noqa: E731
+            row["replacement_started"] = first(mine, lambda e: e["kind"] == "start" and new_attempt(e))
+            row["imports_done"] = first(
+                mine, lambda e: e["kind"] == "phase" and e.get("phase") == "imports_done" and new_attempt(e)
+            )
+        heals = [e for e in mine if e["kind"] == "heal" and new_attempt(e)]
+        restored = [e for e in mine if e["kind"] == "phase" and e.get("phase") == "restored" and new_attempt(e)]
+        row["heal_done"] = heals[0]["t"] - tf if heals else (restored[0]["t"] - tf if restored else np.nan)
+        row["heal_seconds"] = heals[0].get("seconds") if heals else None
+        row["heal_bytes"] = heals[0].get("bytes") if heals else None
+        row["participating"] = first(
+            mine,
+            lambda e: e["kind"] == "step" and e.get("committed") and e.get("participating", True) and new_attempt(e)
+            and (not heals or e["t"] >= heals[0]["t"]),
+        )
+        if restored:
+            row["steps_lost"] = max(0, last_before - int(restored[0].get("from_step") or 0))
+        elif heals:
+            row["steps_lost"] = 0
+        else:
+            row["steps_lost"] = None
+        # A group that comes back behind its peers must heal; a hung one that was still the
+        # furthest ahead (its peers died meanwhile) carries on from its own next step.
+        back = [e for e in mine if e["kind"] == "step" and e.get("committed") and e.get("participating", True)]
+        carried_on = f["action"] == "hang" and bool(back) and back[0].get("step") == last_before + 1
+        required = ["replacement_started", "participating"] + ([] if carried_on else ["heal_done"])
+        if any(e.get("kind") == "quorum" for e in evs):
+            required += ["detected", "quorum_without_victim"]
+        row["complete"] = bool(all(not np.isnan(row[k]) for k in required))
+        rows.append(row)
+    cols = ["t", "action", "target", "origin", *MILESTONES, "heal_seconds", "heal_bytes", "steps_lost", "complete"]
+    return pd.DataFrame(rows, columns=cols)
+
+
+def _lighthouse_recovery(f: dict, evs: list[dict]) -> dict:
+    """Lighthouse killed → seen down → restarted → training commits again."""
+    tf = f["t"]
+    later = [e for e in evs if e["t"] > tf]
+
+    def first(pred):
+        return next((e["t"] - tf for e in later if pred(e)), np.nan)
+
+    row = dict.fromkeys(MILESTONES, np.nan)
+    row.update(t=tf, action=f["action"], target="lighthouse", origin=f.get("origin"),
+               heal_seconds=None, heal_bytes=None, steps_lost=0)
+    row["detected"] = first(lambda e: e["kind"] == "lighthouse" and e.get("state") == "down")
+    row["replacement_started"] = first(lambda e: e["kind"] == "lighthouse" and e.get("state") == "up")
+    up = tf + row["replacement_started"] if not np.isnan(row["replacement_started"]) else float("inf")
+    row["participating"] = next(
+        (e["t"] - tf for e in later if e["kind"] == "step" and e.get("committed") and e["t"] > up), np.nan
+    )
+    row["complete"] = bool(not np.isnan(row["replacement_started"]) and not np.isnan(row["participating"]))
+    return row
+
+
+def timeline_figure(timeline: pd.DataFrame):
+    """A Gantt-like plotly figure: one bar per fault, one segment per recovery phase."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    labels = [f"#{i} {r.action} r{r.target} @{r.t - timeline['t'].min():.0f}s" for i, r in enumerate(timeline.itertuples())]
+    prev = np.zeros(len(timeline))
+    for name in MILESTONES:
+        ends = timeline[name].to_numpy(dtype=float)
+        ends_f = np.where(np.isnan(ends), prev, np.maximum(ends, prev))
+        fig.add_bar(y=labels, x=ends_f - prev, base=prev, orientation="h", name=f"→ {name.replace('_', ' ')}")
+        prev = ends_f
+    fig.update_layout(barmode="overlay", xaxis_title="seconds after the fault", height=120 + 40 * len(timeline),
+                      title="Recovery timeline", legend_orientation="h")
+    return fig
+
+
+# -- goodput -----------------------------------------------------------------
+
+BADPUT_PARTS = ("stall", "discarded", "heal", "missing", "restart", "startup", "checkpoint", "other")
+
+
+def goodput(events: list[dict], spec) -> dict:
+    """Useful work against the run's own fault-free rate, and where the rest went.
+
+    Work-based: ``goodput = W / (R · T)`` with W the committed, participating
+    samples, T the wall time from the first to the last committed step, and R
+    the steady-state rate: the mean over the time bins that no fault or
+    recovery touched. ``lost_s = T − W / R`` is the full-rate time lost.
+
+    Time-based breakdown, each in full-rate seconds (replica-seconds / groups):
+    every replica group's time in [first, last committed step] is split into
+    productive steps, ``stall`` (a step that took longer than normal around a
+    fault), ``discarded`` (steps voted down, and the step in flight when it
+    died), ``heal`` (the step it healed in), ``missing`` (no process: fault →
+    replacement start), ``restart`` (start → first step: imports, model,
+    quorum), ``startup`` (joined after the run began), ``checkpoint``, and
+    ``other`` (the signed sum of step-time jitter away from faults; ~0 in a
+    steady run). A productive step is credited the steady-state step time
+    ``n · batch / R``, so the parts add up to ``lost_s`` exactly when every
+    group's time is accounted for once — the check that the accounting has no
+    gaps or overlaps.
+    """
+    df = metrics_frame(events)
+    empty = {"goodput": None, "rate_samples_per_s": None, "lost_s": None, "T_s": None,
+             "badput_s": {k: 0.0 for k in BADPUT_PARTS}, "productive_s": None}
+    if df.empty or not df["committed"].astype(bool).any():
+        return empty
+    df["committed"] = df["committed"].astype(bool)
+    df["participating"] = df["participating"].fillna(True).astype(bool)
+    batch = spec.model.batch_size if spec.trainer == "torchft-lite" else 1
+    good = df[df["committed"] & df["participating"]]
+    t0, t1 = float(df.loc[df["committed"], "t"].min()), float(df.loc[df["committed"], "t"].max())
+    T = t1 - t0
+    if T <= 0:
+        return empty
+    intervals = good.groupby(["replica", "attempt"])["t"].diff().dropna()
+    median_step = float(intervals.median()) if len(intervals) else T
+    width = min(max(1.0, 20 * median_step), T)
+    nbins = max(1, int(T // width))
+    edges = t0 + width * np.arange(nbins + 1)
+    counts, _ = np.histogram(good["t"].to_numpy(), bins=edges)
+    # Steady state: the bins that no fault or recovery touches.
+    timeline = recovery_timeline(events)
+    dirty = np.zeros(nbins, dtype=bool)
+    for f in timeline.itertuples():
+        end = f.t + (f.participating if not np.isnan(f.participating) else 60.0)
+        dirty |= (edges[1:] > f.t - median_step) & (edges[:-1] < end)
+    for e in events:
+        if e.get("kind") == "fault" and not isinstance(e.get("target"), int):
+            dirty |= (edges[1:] > e["t"]) & (edges[:-1] < e["t"] + 30.0)
+    clean = ~dirty
+    R = float(counts[clean].sum()) * batch / (clean.sum() * width) if clean.any() else float(np.median(counts)) * batch / width
+    W = len(good) * batch
+    n = spec.replicas if spec.trainer != "maxtext" else 1
+    normal = n * batch / R if R > 0 else median_step
+    fault_ts = np.array([e["t"] for e in events if e.get("kind") == "fault"])
+    ckpt_s = sum(float(e.get("seconds") or 0) for e in events if e.get("kind") == "checkpoint")
+
+    parts = {k: 0.0 for k in BADPUT_PARTS}
+    productive = 0.0
+    starts = {(e.get("replica"), e.get("attempt", 0)): e["t"] for e in events if e.get("kind") == "start" and e.get("replica") is not None}
+    faults_by_target: dict = {}
+    for e in events:
+        if e.get("kind") == "fault" and isinstance(e.get("target"), int) and e.get("action") in ("kill", "preempt", "node_down", "slurmd_kill"):
+            faults_by_target.setdefault(e["target"], []).append(e["t"])
+    for r, g in df.groupby("replica"):
+        g = g.sort_values("t")
+        prev_t, prev_attempt = None, None
+        for row in g.itertuples():
+            t = row.t
+            if t < t0 or t > t1 + 1e-9:
+                if t <= t0:
+                    prev_t, prev_attempt = t, row.attempt
+                continue
+            if prev_t is None or prev_t < t0 and prev_attempt != row.attempt:
+                begin = starts.get((r, row.attempt), t0)
+                if begin > t0:
+                    parts["startup" if row.attempt == 0 or prev_t is None else "restart"] += t - max(begin, t0)
+                    parts["startup"] += max(0.0, begin - t0) if row.attempt == 0 else 0.0
+                    if row.attempt != 0:
+                        parts["missing"] += max(0.0, begin - t0)
+                prev_t, prev_attempt = t, row.attempt
+                continue
+            if row.attempt != prev_attempt:
+                tf = next((x for x in sorted(faults_by_target.get(r, [])) if x >= prev_t), prev_t)
+                begin = starts.get((r, row.attempt), tf)
+                parts["discarded"] += max(0.0, tf - max(prev_t, t0))
+                parts["missing"] += max(0.0, begin - max(tf, t0))
+                parts["restart"] += t - max(begin, t0)
+            else:
+                dt = t - max(prev_t, t0)
+                if not row.committed:
+                    parts["discarded"] += dt
+                elif not row.participating:
+                    parts["heal"] += dt
+                else:
+                    productive += normal
+                    near_fault = fault_ts.size and np.any((fault_ts >= prev_t - normal) & (fault_ts <= t))
+                    parts["stall" if near_fault else "other"] += dt - normal
+            prev_t, prev_attempt = t, row.attempt
+    moved = min(max(parts["other"], 0.0), ckpt_s)
+    parts["other"] -= moved
+    parts["checkpoint"] += moved
+    scale = 1.0 / n
+    return {
+        "goodput": W / (R * T) if R > 0 else None,
+        "rate_samples_per_s": R,
+        "useful_samples": W,
+        "T_s": T,
+        "lost_s": T - W / R if R > 0 else None,
+        "productive_s": productive * scale,
+        "badput_s": {k: v * scale for k, v in parts.items()},
+        "normal_step_s": normal,
+    }
+
+
+def goodput_figure(g: dict):
+    import plotly.graph_objects as go
+
+    parts = {k: v for k, v in g["badput_s"].items() if v > 0}
+    fig = go.Figure(go.Bar(x=list(parts.values()), y=list(parts.keys()), orientation="h"))
+    fig.update_layout(
+        title=f"Badput: {g['lost_s']:.1f} s of full-rate work lost of {g['T_s']:.0f} s (goodput {g['goodput']:.3f})"
+        if g.get("goodput") else "Badput", xaxis_title="full-rate seconds", height=320,
+    )
+    return fig

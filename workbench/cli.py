@@ -114,6 +114,114 @@ def cmd_summary(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from .report import write_report
+
+    print(write_report(args.run))
+    return 0
+
+
+def split_values(raw: str) -> list[str]:
+    """``500,1000`` -> ``["500", "1000"]``; commas inside brackets, braces or quotes do not split."""
+    parts, depth, quote, cur = [], 0, None, ""
+    for ch in raw:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return parts + [cur]
+
+
+def cmd_sweep(args) -> int:
+    from .spec import parse_override
+    from .sweep import sweep
+
+    fixed, grid = {}, {}
+    for item in args.overrides:
+        key, _, raw = item.partition("=")
+        values = [parse_override(f"{key}={v}")[1] for v in split_values(raw)] if "=" in item else None
+        if values is None:
+            parse_override(item)  # raises the usual "expected key=value"
+        elif len(values) == 1:
+            fixed[key.strip()] = values[0]
+        else:
+            grid[key.strip()] = values
+    if not grid:
+        raise SpecError("sweep: no key with several values; give e.g. lighthouse.heartbeat_timeout_ms=500,1000,5000")
+    sw = sweep(args.config, fixed, grid=grid, max_parallel=args.max_parallel)
+    print(sw.sweep_dir, flush=True)
+    if args.detach:
+        return 0
+    try:
+        sw.wait()
+    except KeyboardInterrupt:
+        sw.stop()
+    table = sw.table()
+    print(table.drop(columns=["run_dir"], errors="ignore").to_string(index=False))
+    return 0 if (table["state"] == "completed").all() else 1
+
+
+def cmd_replay(args) -> int:
+    from .compare import replay_comparison
+    from .replay import replay
+
+    run = replay(args.run)
+    print(run.run_dir, flush=True)
+    if args.detach:
+        return 0
+    try:
+        run.wait()
+    except KeyboardInterrupt:
+        run.stop()
+    both = replay_comparison(args.run, run)
+    print(both["table"].drop(columns=["run_dir"], errors="ignore").to_string(index=False))
+    print(both["faults"].to_string(index=False))
+    return 0 if run.state() == "completed" else 1
+
+
+def cmd_ls(args) -> int:
+    import os
+
+    from .compare import runs_listing
+    from .sweep import attach_sweep, list_sweeps
+
+    root = args.run_root or os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+    runs = runs_listing(root)
+    sweeps = []
+    for d in list_sweeps(root):
+        sw = attach_sweep(d)
+        states = sw.point_states()
+        sweeps.append({"sweep_id": sw.id, "state": sw.state(), "points": len(states),
+                       "keys": ",".join(sw.params), **{s: states.count(s) for s in sorted(set(states))},
+                       "sweep_dir": str(sw.sweep_dir)})
+    if args.json:
+        print(json.dumps({"runs": runs.to_dict(orient="records"), "sweeps": sweeps}, default=str))
+        return 0
+
+    def age(s):
+        return "" if s is None or s != s else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h" if s < 172800 else f"{s / 86400:.0f}d"
+
+    if runs.empty:
+        print(f"no runs under {root}")
+    else:
+        runs = runs.assign(steps=runs["step"].astype(str) + "/" + runs["steps_target"].astype(str),
+                           age=runs["age_s"].map(age))
+        print(runs[["run_id", "state", "trainer", "steps", "faults", "restarts", "age"]].to_string(index=False))
+    for sw in sweeps:
+        counts = " ".join(f"{k}={v}" for k, v in sw.items() if k not in ("sweep_id", "state", "points", "keys", "sweep_dir"))
+        print(f"sweep {sw['sweep_id']}: {sw['state']}  {sw['points']} points over {sw['keys']}  {counts}")
+    return 0
+
+
 def cmd_cluster(args) -> int:
     from .cluster import devcluster
 
@@ -163,6 +271,27 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--how", choices=("sigkill", "hang", "preempt"), default="sigkill")
     s.add_argument("--seconds", type=float, default=5.0, help="hang duration")
     s.set_defaults(fn=cmd_kill)
+
+    s = sub.add_parser("report", help="write a self-contained HTML report into a run (or sweep) directory")
+    s.add_argument("run")
+    s.set_defaults(fn=cmd_report)
+
+    s = sub.add_parser("sweep", help="one run per point: key=v1,v2 sweeps a key; prints the sweep dir")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*", help="key=value (fixed) or key=v1,v2,... (swept; the grid is their product)")
+    s.add_argument("--max-parallel", type=int, default=None, help="runs at a time (default: 1 locally, all on Slurm)")
+    s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
+    s.set_defaults(fn=cmd_sweep)
+
+    s = sub.add_parser("replay", help="rerun RUN with its resolved spec and faults; prints the new run dir")
+    s.add_argument("run")
+    s.add_argument("--detach", action="store_true")
+    s.set_defaults(fn=cmd_replay)
+
+    s = sub.add_parser("ls", help="runs and sweeps under RUN_ROOT (default $WORKBENCH_RUN_ROOT or ./runs)")
+    s.add_argument("run_root", nargs="?")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(fn=cmd_ls)
 
     s = sub.add_parser("cluster", help="local Slurm cluster: up | down | status")
     s.add_argument("rest", nargs=argparse.REMAINDER)

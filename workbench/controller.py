@@ -35,7 +35,7 @@ from .cluster import make_cluster
 from .events import EventReader, EventWriter
 from .lighthouse import Lighthouse
 from .spec import Spec
-from .trainers import ELASTIC, JobContext, job_entrypoint
+from .trainers import ELASTIC, JobContext, job_entrypoint, quorum_epochs
 
 POLL_S = 0.1
 
@@ -50,6 +50,8 @@ class ReplicaSlot:
     restarts: int = 0
     last_step: int = 0
     committed_steps: int = 0
+    last_progress_t: float = 0.0
+    hang_reported: bool = False
 
 
 class Controller:
@@ -63,12 +65,16 @@ class Controller:
         self.cluster = make_cluster(self.spec, self.run_dir)
         self.elastic = self.spec.trainer in ELASTIC
         self.lighthouse: Optional[Lighthouse] = None
+        self.lighthouse_down_t: Optional[float] = None
         self.slots = {r: ReplicaSlot(r) for r in range(self.spec.replicas if self.elastic else 1)}
         self.exits: dict[tuple[int, int], dict] = {}
         self.max_step = 0
         self.stopping = False
         self.t0 = time.time()
+        self.t_first_step: Optional[float] = None
+        self.step_intervals: list[float] = []
         self.fired: set[int] = set()
+        self.deferred_until: dict[int, float] = {}
 
     # -- lifecycle -----------------------------------------------------------
     def run(self) -> str:
@@ -79,6 +85,7 @@ class Controller:
         try:
             if self.elastic:
                 self.lighthouse = Lighthouse(self.spec, self.run_dir / "lighthouse", self.cluster.lighthouse_host)
+                self._write_lighthouse_epoch()
                 self.lighthouse.start()
                 self.writer.emit("lighthouse", state="up", address=self.lighthouse.address, pid=self.lighthouse.pid)
             for slot in self.slots.values():
@@ -103,6 +110,7 @@ class Controller:
                 return "stopped", "stop requested"
             self._supervise_lighthouse()
             self._fire_schedule()
+            self._detect_hangs()
             now = time.time()
             for slot in self.slots.values():
                 if slot.state == "running" and self.cluster.is_done(slot.job):
@@ -127,6 +135,7 @@ class Controller:
     def _launch(self, slot: ReplicaSlot) -> None:
         slot.attempt += 1
         slot.committed_steps = 0
+        slot.hang_reported = False
         ctx = JobContext(
             run_dir=str(self.run_dir),
             run_id=self.run_id,
@@ -191,33 +200,89 @@ class Controller:
             elif kind == "step" and r in self.slots:
                 slot = self.slots[r]
                 if e.get("attempt") == slot.attempt and e.get("committed"):
+                    if slot.last_progress_t and len(self.step_intervals) < 2000:
+                        self.step_intervals.append(e["t"] - slot.last_progress_t)
                     slot.committed_steps += 1
                     slot.last_step = e.get("step", 0)
+                    slot.last_progress_t = e["t"]
+                    slot.hang_reported = False
                     self.max_step = max(self.max_step, slot.last_step)
+                    if self.t_first_step is None:
+                        self.t_first_step = e["t"]
 
     # -- lighthouse and faults ----------------------------------------------
     def _supervise_lighthouse(self) -> None:
         lh = self.lighthouse
         if lh is None or lh.alive():
             return
-        self.writer.emit("lighthouse", state="down", address=lh.address, pid=lh.pid, returncode=lh.proc.returncode)
+        if self.lighthouse_down_t is None:
+            self.lighthouse_down_t = time.time()
+            self.writer.emit("lighthouse", state="down", address=lh.address, pid=lh.pid, returncode=lh.proc.returncode)
+        if time.time() < self.lighthouse_down_t + self.spec.lighthouse.restart_delay_s:
+            return
+        self._write_lighthouse_epoch()
         lh.start()
+        self.lighthouse_down_t = None
         self.writer.emit("lighthouse", state="up", address=lh.address, pid=lh.pid, restarted=True)
 
+    def _write_lighthouse_epoch(self) -> None:
+        """Before each (re)start: see trainers/quorum_epochs.py for why replicas need it."""
+        rundir.write_json_text(quorum_epochs.epoch_path(self.run_dir), str(self.lighthouse.starts))
+
     def _fire_schedule(self) -> None:
-        elapsed = time.time() - self.t0
+        """Fire due faults. ``at_s`` counts from the first committed step, so startup jitter
+        does not shift a schedule between a run and its replay. A fault whose target is
+        between attempts waits (up to 60 s) for the target's next process."""
+        now = time.time()
+        elapsed = now - self.t_first_step if self.t_first_step else -1.0
         for i, f in enumerate(self.spec.faults):
             if i in self.fired:
                 continue
             due = (f.at_step is not None and self.max_step >= f.at_step) or (f.at_s is not None and elapsed >= f.at_s)
-            if not due:
+            if not due or now < self.deferred_until.get(i, 0.0):
                 continue
-            self.fired.add(i)
             target = f.target if f.target is not None else len(self.slots) - 1
             try:
                 faults.inject(self.run_dir, f.action, target, origin="schedule", seconds=f.seconds, writer=self.writer)
             except faults.FaultError as e:
+                first_try = self.deferred_until.setdefault(-1 - i, now)
+                if now - first_try < 60:
+                    self.deferred_until[i] = now + 0.5
+                    continue
                 self.writer.emit("warning", message=f"scheduled fault {i} not injected: {e}")
+            self.fired.add(i)
+
+    def hang_timeout_s(self) -> float:
+        h = self.spec.hang
+        if h.timeout_s is not None:
+            return h.timeout_s
+        if len(self.step_intervals) < 5:
+            return max(h.min_timeout_s, 30.0)
+        return max(h.min_timeout_s, 20 * float(sorted(self.step_intervals)[len(self.step_intervals) // 2]))
+
+    def _detect_hangs(self) -> None:
+        """A group that committed before and has made no progress for the hang timeout while
+        its peers progressed is hung; if every group stopped, the run as a whole is stalled."""
+        now = time.time()
+        limit = self.hang_timeout_s()
+        running = [s for s in self.slots.values() if s.state == "running" and s.committed_steps > 0]
+        for slot in running:
+            idle = now - slot.last_progress_t
+            if idle < limit or slot.hang_reported:
+                continue
+            peers_moved_on = any(p.last_progress_t > slot.last_progress_t for p in running if p is not slot)
+            if len(running) > 1 and not peers_moved_on:
+                continue  # everyone stopped together: not this group's hang
+            slot.hang_reported = True
+            self.writer.emit(
+                "hang", target=slot.replica, attempt=slot.attempt, step=slot.last_step,
+                seconds_without_progress=round(idle, 3), timeout_s=round(limit, 3),
+            )
+            if self.spec.hang.action == "kill":
+                try:
+                    faults.inject(self.run_dir, "kill", slot.replica, origin="watchdog", writer=self.writer)
+                except faults.FaultError as e:
+                    self.writer.emit("warning", message=f"hang action failed: {e}")
 
     def _shutdown(self) -> None:
         for slot in self.slots.values():
@@ -253,6 +318,7 @@ def main(argv: list[str] | None = None) -> int:
     if len(argv) != 1:
         print("usage: python -m workbench.controller RUN_DIR", file=sys.stderr)
         return 2
+    os.umask(0o077)  # everything the run writes (submitit's pickles and logs too) is private to the user
     state = Controller(Path(argv[0])).run()
     return 0 if state in ("completed", "stopped") else 1
 

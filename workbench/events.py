@@ -41,6 +41,7 @@ KINDS = (
     "start",
     "exit",
     "heartbeat",
+    "phase",
     "step",
     "quorum",
     "commit",

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -26,7 +27,7 @@ from typing import Optional
 from .events import EventReader, EventWriter
 
 ACTIONS = ("kill", "hang", "preempt", "lighthouse_kill")
-ORIGINS = ("api", "cli", "button", "schedule")
+ORIGINS = ("api", "cli", "button", "schedule", "watchdog")
 
 _writers: dict[str, EventWriter] = {}
 
@@ -78,10 +79,11 @@ def replica_pid(run_dir, replica: int, attempt: Optional[int] = None, events: Op
     """PID of the replica group's live process (newest attempt, or ``attempt``), or None."""
     events = events if events is not None else EventReader(run_dir).poll()
     starts, exited = {}, set()
+    here = socket.gethostname()
     for e in events:
         if e.get("replica") != replica or e.get("role") == "controller":
             continue
-        if e["kind"] == "start":
+        if e["kind"] == "start" and e.get("host", here) == here:  # a PID means nothing on another host
             starts[e.get("attempt", 0)] = e.get("pid")
         elif e["kind"] == "exit":
             exited.add(e.get("attempt", 0))
@@ -139,21 +141,37 @@ def inject(
         seconds = float(seconds if seconds is not None else 5.0)
         if seconds <= 0:
             raise FaultError(f"seconds: a hang lasts > 0 seconds, got {seconds}")
-        os.kill(pid, signal.SIGSTOP)
+        pids = [pid, *descendants(pid)]
+        for p in pids:
+            os.kill(p, signal.SIGSTOP)
         subprocess.Popen(
-            [sys.executable, "-m", "workbench.faults", "resume", str(run_dir), str(pid), str(seconds), str(target)],
+            [sys.executable, "-m", "workbench.faults", "resume", str(run_dir), ",".join(map(str, pids)),
+             repr(time.time() + seconds), str(target)],
             start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
         )
     return writer.emit("fault", action=action, target=int(target), pid=pid, origin=origin, seconds=seconds)
 
 
-def _resume(run_dir: str, pid: int, seconds: float, target: int) -> None:
-    time.sleep(seconds)
-    if _alive(pid):
-        os.kill(pid, signal.SIGCONT)
-        _control_writer(Path(run_dir)).emit("fault", action="resume", target=target, pid=pid, origin="schedule")
+def descendants(pid: int) -> list[int]:
+    """Processes a trainer started itself (MaxText's interpreter, TorchTitan's ranks): a hang
+    must stop them too, or they train on while their parent is stopped."""
+    import psutil
+
+    try:
+        return [c.pid for c in psutil.Process(pid).children(recursive=True)]
+    except psutil.Error:
+        return []
+
+
+def _resume(run_dir: str, pids: list[int], resume_at: float, target: int) -> None:
+    time.sleep(max(0.0, resume_at - time.time()))
+    alive = [p for p in pids if _alive(p)]
+    for p in alive:
+        os.kill(p, signal.SIGCONT)
+    if alive:
+        _control_writer(Path(run_dir)).emit("fault", action="resume", target=target, pid=pids[0], origin="schedule")
 
 
 if __name__ == "__main__":
     if len(sys.argv) == 6 and sys.argv[1] == "resume":
-        _resume(sys.argv[2], int(sys.argv[3]), float(sys.argv[4]), int(sys.argv[5]))
+        _resume(sys.argv[2], [int(p) for p in sys.argv[3].split(",")], float(sys.argv[4]), int(sys.argv[5]))

@@ -40,7 +40,7 @@ class Lighthouse:
         self.spec = spec
         self.log_dir = Path(log_dir)
         self.host = host
-        self.port = free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1")
+        self.port = spec.lighthouse.port or free_port(host if host not in ("0.0.0.0", "::") else "127.0.0.1")
         self.proc: subprocess.Popen | None = None
         self.starts = 0
 

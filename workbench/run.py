@@ -15,12 +15,13 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from . import analysis, faults, rundir
+from . import analysis, cluster, faults, rundir, schedule
 from .events import EventReader, EventWriter, to_frame
 from .spec import Spec, SpecError, load_spec, preflight
 
@@ -54,6 +55,11 @@ class Run:
         self.refresh()
         evs = self._events if kind is None else [e for e in self._events if e["kind"] == kind]
         return to_frame(evs)
+
+    def event_records(self) -> list[dict]:
+        """The raw events, as written (dicts), in time order; what the analysis functions take."""
+        self.refresh()
+        return sorted(self._events, key=lambda e: e.get("t", 0.0))
 
     def metrics(self) -> pd.DataFrame:
         """One row per replica per step attempt: step, loss, committed, timings."""
@@ -128,6 +134,12 @@ class Run:
                 return self.status()
             except TimeoutError:
                 os.kill(pid, signal.SIGKILL)
+        if self.spec.cluster == "slurm":
+            from .cluster import slurm
+
+            job_ids = sorted({str(e["job_id"]) for e in self._events if e["kind"] == "submit"})
+            if job_ids:
+                slurm.slurm_cmd(slurm._conf_of(self.run_dir), "scancel", *job_ids)
         for p in analysis.all_pids(self._events):
             if faults._alive(p):
                 try:
@@ -165,10 +177,14 @@ def submit(
     preflight.
     """
     spec = load_spec(spec, overrides, **kwargs)
-    preflight(spec)
+    for message in preflight(spec):
+        warnings.warn(message, stacklevel=2)
+    cluster.validate(spec)
+    chaos = spec.chaos.model_dump(mode="json") if spec.chaos else None
+    spec = schedule.materialize(spec)
     run_id = rundir.new_run_id(spec.name)
-    run_dir = rundir.create(spec.run_root, run_id, spec.to_dict())
-    log = open(run_dir / "controller.log", "ab")
+    run_dir = rundir.create(spec.run_root, run_id, spec.to_dict(), extra={"chaos": chaos})
+    log = os.fdopen(os.open(run_dir / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
     env = dict(os.environ)
     root = str(Path(__file__).resolve().parent.parent)
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")

@@ -59,10 +59,29 @@ def code_revision() -> dict:
         )
     except (OSError, subprocess.SubprocessError):
         commit, dirty = "", None
-    return {"commit": commit or None, "dirty": dirty}
+    return {"commit": commit or None, "dirty": dirty, "snapshot": source_snapshot()}
 
 
-def create(run_root: str | os.PathLike, run_id: str, spec: dict) -> Path:
+def source_snapshot() -> str:
+    """sha256 over the workbench package's ``*.py`` files (relative path and bytes, in path order).
+
+    Identifies the code a run used even when the tree has uncommitted edits
+    (``dirty``), where the commit alone does not.
+    """
+    import hashlib
+
+    pkg = Path(__file__).resolve().parent
+    h = hashlib.sha256()
+    for path in sorted(pkg.rglob("*.py")):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        h.update(str(path.relative_to(pkg)).encode() + b"\0" + data + b"\0")
+    return h.hexdigest()
+
+
+def create(run_root: str | os.PathLike, run_id: str, spec: dict, extra: dict | None = None) -> Path:
     """Create the run directory and write run.json atomically (tmp + rename)."""
     root = Path(run_root).expanduser().resolve()
     root.mkdir(mode=0o700, parents=True, exist_ok=True)
@@ -80,6 +99,7 @@ def create(run_root: str | os.PathLike, run_id: str, spec: dict) -> Path:
         "platform": platform.platform(),
         "versions": package_versions(),
         "code": code_revision(),
+        **(extra or {}),
     }
     write_json(run_dir / RUN_JSON, record)
     return run_dir
@@ -91,6 +111,15 @@ def write_json(path: Path, data: dict) -> None:
     with os.fdopen(fd, "w") as f:
         json.dump(data, f, indent=2, sort_keys=True)
         f.write("\n")
+    os.replace(tmp, path)
+
+
+def write_json_text(path: Path, text: str) -> None:
+    """Replace a small file atomically (tmp + rename), private to the user."""
+    tmp = path.with_name(f".{path.name}.tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(text)
     os.replace(tmp, path)
 
 

@@ -21,7 +21,7 @@ import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-TRAINERS = ("torchft-lite", "titan", "maxtext")
+TRAINERS = ("torchft-lite", "titan", "maxtext", "ddp-restart")
 CLUSTERS = ("local", "slurm")
 
 
@@ -37,13 +37,17 @@ class LighthouseSpec(_Section):
     """torchft's lighthouse: decides quorums from heartbeats.
 
     ``heartbeat_timeout_ms`` is how long a dead replica group holds survivors
-    up: 1000 ms instead of torchft's 5000 ms default.
+    up: 1000 ms instead of torchft's 5000 ms default. The run controller
+    restarts a lighthouse that died, on the same address, after
+    ``restart_delay_s`` (non-zero to study an outage).
     """
 
     heartbeat_timeout_ms: int = Field(1000, ge=50, le=600_000)
     join_timeout_ms: int = Field(1000, ge=0, le=3_600_000)
     quorum_tick_ms: int = Field(100, ge=10, le=10_000)
     bind_host: str = "127.0.0.1"
+    port: Optional[int] = Field(None, ge=1, le=65535)
+    restart_delay_s: float = Field(0.0, ge=0, le=3600)
 
 
 class TorchftSpec(_Section):
@@ -84,9 +88,9 @@ class ModelSpec(_Section):
 
 
 class FaultSpec(_Section):
-    """One scheduled fault: at a step or a time since the run started."""
+    """One scheduled fault: at a committed step, or ``at_s`` seconds after the first committed step."""
 
-    action: Literal["kill", "hang", "preempt", "lighthouse_kill"] = "kill"
+    action: Literal["kill", "hang", "preempt", "lighthouse_kill", "node_down", "slurmd_kill"] = "kill"
     target: Optional[int] = Field(None, ge=0)
     at_step: Optional[int] = Field(None, ge=0)
     at_s: Optional[float] = Field(None, ge=0)
@@ -99,7 +103,52 @@ class FaultSpec(_Section):
         return self
 
 
+FAULT_ACTIONS = ("kill", "hang", "preempt", "lighthouse_kill", "node_down", "slurmd_kill")
+
+
+class ChaosSpec(_Section):
+    """Random faults with exponential inter-arrival times (a Poisson process of rate 1/mtbf_s).
+
+    Drawn once, at submit, from ``seed``: the drawn list is written into the
+    resolved spec's ``faults`` so the run records, and a replay repeats,
+    exactly the faults that were injected.
+    """
+
+    mtbf_s: float = Field(..., gt=0, le=10_000_000)
+    seed: int = Field(0, ge=0)
+    actions: list[Literal["kill", "hang", "preempt", "lighthouse_kill", "node_down", "slurmd_kill"]] = Field(
+        default_factory=lambda: ["kill"], min_length=1
+    )
+    targets: Optional[list[int]] = None
+    start_s: float = Field(5.0, ge=0)
+    max_faults: int = Field(10, ge=1, le=100_000)
+    hang_seconds: float = Field(3.0, gt=0, le=3600)
+
+
+class HangSpec(_Section):
+    """Hang detection: a replica group that made no step progress for ``timeout_s``.
+
+    ``timeout_s: null`` derives it from the run: 20 × the median step interval,
+    at least ``min_timeout_s``. ``action: kill`` kills and relaunches it.
+    """
+
+    timeout_s: Optional[float] = Field(None, gt=0, le=86_400)
+    min_timeout_s: float = Field(3.0, gt=0, le=86_400)
+    action: Literal["none", "kill"] = "none"
+
+
 class SlurmSpec(_Section):
+    """Where and how Slurm runs the jobs (``cluster: slurm``); see docs/slurm.md.
+
+    ``conf`` is the ``slurm.conf`` clients use: empty means ``$SLURM_CONF``, else
+    the local dev cluster when it is up, else the machine's default; submit
+    pins the choice here. Jobs are ``--no-requeue``: the controller resubmits an
+    ended job as the next attempt. ``requeue: true`` (checkpoint-restart
+    trainers only) lets Slurm requeue it instead, as the same attempt.
+    ``sbatch_args`` are extra ``#SBATCH`` options (``{constraint: h100}``).
+    """
+
+    conf: Optional[str] = None
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
@@ -108,16 +157,27 @@ class SlurmSpec(_Section):
     tasks_per_node: int = Field(1, ge=1)
     gpus_per_node: int = Field(0, ge=0)
     cpus_per_task: int = Field(1, ge=1)
-    requeue: bool = True
+    requeue: bool = False
     srun_args: list[str] = Field(default_factory=list)
     setup: list[str] = Field(default_factory=list)
+    sbatch_args: dict[str, str] = Field(default_factory=dict)
+
+
+class CheckpointSpec(_Section):
+    """When the ``ddp-restart`` baseline writes its checkpoint: every ``every_steps`` committed
+    steps, or every ``every_s`` seconds of training, whichever comes first (unset: never).
+    ``keep`` durable checkpoints are kept; older ones are deleted."""
+
+    every_steps: Optional[int] = Field(None, ge=1)
+    every_s: Optional[float] = Field(None, gt=0)
+    keep: int = Field(2, ge=1, le=1000)
 
 
 class Spec(_Section):
     """One experiment. ``workbench.load_spec`` builds it; ``to_dict`` round-trips."""
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    trainer: Literal["torchft-lite", "titan", "maxtext"] = "torchft-lite"
+    trainer: Literal["torchft-lite", "titan", "maxtext", "ddp-restart"] = "torchft-lite"
     cluster: Literal["local", "slurm"] = "local"
     replicas: int = Field(3, ge=1, le=1024)
     min_replicas: int = Field(1, ge=1, le=1024)
@@ -135,7 +195,10 @@ class Spec(_Section):
     torchft: TorchftSpec = Field(default_factory=TorchftSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     faults: list[FaultSpec] = Field(default_factory=list)
+    chaos: Optional[ChaosSpec] = None
+    hang: HangSpec = Field(default_factory=HangSpec)
     slurm: SlurmSpec = Field(default_factory=SlurmSpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     titan: dict[str, Any] = Field(default_factory=dict)
     maxtext: dict[str, Any] = Field(default_factory=dict)
 
@@ -148,6 +211,10 @@ class Spec(_Section):
         for i, f in enumerate(self.faults):
             if f.target is not None and f.target >= self.replicas and f.action != "lighthouse_kill":
                 raise ValueError(f"faults[{i}].target ({f.target}) must be < replicas ({self.replicas})")
+        if self.chaos and self.chaos.targets:
+            bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
+            if bad:
+                raise ValueError(f"chaos.targets {bad}: each must be in 0..{self.replicas - 1}")
         return self
 
     @property
@@ -277,11 +344,24 @@ def load_spec(
         raise SpecError(_format_errors(e)) from None
 
 
-def preflight(spec: Spec) -> list[str]:
-    """World-facing checks before submit. Raises SpecError on fatal ones; returns warnings.
+def _port_busy(host: str, port: int) -> bool:
+    import socket
 
-    Nothing is created: the run root's writability is judged on the nearest
-    existing ancestor.
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        try:
+            sock.bind((host, port))
+        except OSError:
+            return True
+    return False
+
+
+def preflight(spec: Spec) -> list[str]:
+    """World-facing and cross-field checks before submit.
+
+    Raises :class:`SpecError` for what cannot work; returns warnings for what
+    works badly. Each message names the values and says why. Nothing is
+    created: the run root's writability is judged on its nearest existing
+    ancestor.
     """
     root = Path(spec.run_root).expanduser().resolve()
     probe = root
@@ -291,17 +371,47 @@ def preflight(spec: Spec) -> list[str]:
         probe = probe.parent
     if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
         raise SpecError(f"run_root: {str(root)!r} is not writable (checked {str(probe)!r})")
+    lh, tf = spec.lighthouse, spec.torchft
+    if lh.port is not None and _port_busy(lh.bind_host, lh.port):
+        raise SpecError(f"lighthouse.port: {lh.bind_host}:{lh.port} is already in use; pick another or leave it unset")
+    if lh.join_timeout_ms >= tf.quorum_timeout_s * 1000:
+        raise SpecError(
+            f"lighthouse.join_timeout_ms ({lh.join_timeout_ms}) must be below torchft.quorum_timeout_s "
+            f"({tf.quorum_timeout_s} s): replicas would time out their quorum while the lighthouse still waits for stragglers"
+        )
     warnings: list[str] = []
-    hb = spec.lighthouse.heartbeat_timeout_ms
+    hb = lh.heartbeat_timeout_ms
     if spec.pg_timeout_ms < hb:
         warnings.append(
             f"torchft.pg_timeout_ms ({spec.pg_timeout_ms}) < lighthouse.heartbeat_timeout_ms ({hb}): "
             "a slow step fails its collective and is discarded, yet the next quorum still waits "
             "for the heartbeat timeout"
         )
-    if spec.torchft.quorum_timeout_s * 1000 <= hb:
+    if tf.quorum_timeout_s * 1000 <= hb:
         warnings.append(
-            f"torchft.quorum_timeout_s ({spec.torchft.quorum_timeout_s}) must exceed the heartbeat "
-            f"timeout ({hb} ms), or a quorum times out before a dead replica is dropped"
+            f"torchft.quorum_timeout_s ({tf.quorum_timeout_s}) must exceed lighthouse.heartbeat_timeout_ms "
+            f"({hb} ms), or a quorum times out before a dead replica is dropped"
+        )
+    if lh.join_timeout_ms < 2 * lh.quorum_tick_ms:
+        warnings.append(
+            f"lighthouse.join_timeout_ms ({lh.join_timeout_ms}) < 2 × quorum_tick_ms ({lh.quorum_tick_ms}): "
+            "a group that is already heartbeating (a replacement about to ask to join) is left out of the "
+            "next quorum and splits off into a later one"
+        )
+    if spec.trainer in ("torchft-lite", "titan") and spec.relaunch == "auto" and spec.replicas == 1:
+        warnings.append("replicas is 1: a relaunched group has no live peer to heal from and restarts from scratch")
+    for i, f in enumerate(spec.faults):
+        if f.at_step is not None and f.at_step >= spec.steps:
+            warnings.append(f"faults[{i}].at_step ({f.at_step}) >= steps ({spec.steps}): it never fires")
+    period = spec.maxtext.get("checkpoint_period") if spec.trainer == "maxtext" else spec.titan.get("checkpoint_interval")
+    if isinstance(period, int) and period > spec.steps:
+        warnings.append(
+            f"checkpoint period ({period}) is longer than the run (steps={spec.steps}): no checkpoint is "
+            "ever written, so a restart starts from step 0"
+        )
+    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < spec.pg_timeout_ms:
+        warnings.append(
+            f"hang.timeout_s ({spec.hang.timeout_s}) is shorter than the process-group timeout "
+            f"({spec.pg_timeout_ms} ms): survivors waiting out a dead peer would be reported as hung"
         )
     return warnings

@@ -23,4 +23,12 @@ def make_cluster(spec, run_dir: Path) -> Cluster:
     raise ValueError(f"cluster: unknown backend {spec.cluster!r}; allowed: local, slurm")
 
 
-__all__ = ["Cluster", "LocalCluster", "make_cluster"]
+def validate(spec) -> None:
+    """The backend's pre-submit checks (``Cluster.validate``); raises SpecError."""
+    if spec.cluster == "slurm":
+        from .slurm import SlurmCluster
+
+        SlurmCluster.validate(spec)
+
+
+__all__ = ["Cluster", "LocalCluster", "make_cluster", "validate"]

@@ -26,6 +26,14 @@ class Cluster(abc.ABC):
     @abc.abstractmethod
     def _make_executor(self) -> submitit.Executor: ...
 
+    @classmethod
+    def validate(cls, spec) -> None:
+        """World-facing checks at submit, before the detached controller starts.
+
+        Raises ``SpecError`` naming the field; submits nothing. A backend may
+        pin what it resolved (which cluster) into ``spec``, which is then recorded.
+        """
+
     def submit(self, fn: Callable[..., Any], *args: Any, name: str) -> submitit.Job:
         """Start ``fn(*args)`` as one job; ``name`` labels it where the backend shows names."""
         return self.executor.submit(fn, *args)

@@ -21,6 +21,7 @@ REGISTRY: dict[str, str] = {
     "torchft-lite": "workbench.trainers.torchft_lite",
     "titan": "workbench.trainers.titan",
     "maxtext": "workbench.trainers.maxtext",
+    "ddp-restart": "workbench.trainers.ddp_restart",
 }
 ELASTIC = {"torchft-lite", "titan"}
 

@@ -23,6 +23,7 @@ from __future__ import annotations
 import hashlib
 import os
 import signal
+import socket
 import threading
 import time
 
@@ -122,7 +123,11 @@ def run(ctx: JobContext) -> None:
     from torchft.checkpointing.http_transport import HTTPTransport
 
     from ..events import TorchftLogHandler
+    from . import loopback, quorum_epochs
 
+    local = spec["cluster"] == "local"
+    if local:
+        loopback.install()
     TorchftLogHandler(writer).install()
     writer.emit("phase", phase="imports_done", seconds=time.time() - t_start)
 
@@ -144,6 +149,9 @@ def run(ctx: JobContext) -> None:
     class InstrumentedTransport(HTTPTransport):
         """HTTPTransport that measures what a heal fetched, for the ``heal`` event."""
 
+        def address(self) -> str:
+            return loopback.loopback_address(self) if local else super().address()
+
         def recv_checkpoint(self, src_rank, metadata, step, timeout):
             t0 = time.perf_counter()
             sd = super().recv_checkpoint(src_rank, metadata, step, timeout)
@@ -163,8 +171,12 @@ def run(ctx: JobContext) -> None:
 
     timeout = timedelta(seconds=tf["timeout_s"])
     transport = InstrumentedTransport(timeout=timeout, num_chunks=0)
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    pg = ProcessGroupGloo(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
+    if local:
+        store = loopback.loopback_store()
+        pg = loopback.loopback_process_group_gloo()(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
+    else:
+        store = torch.distributed.TCPStore(socket.gethostname(), 0, is_master=True, wait_for_workers=False)
+        pg = ProcessGroupGloo(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
     writer.emit(
         "phase", phase="model_ready", seconds=time.time() - t_start, checkpoint_address=transport.metadata()
     )
@@ -174,8 +186,9 @@ def run(ctx: JobContext) -> None:
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         replica_id=f"replica_{ctx.replica}",
-        store_addr="127.0.0.1",
+        store_addr="127.0.0.1" if local else socket.gethostname(),
         store_port=store.port,
+        hostname="127.0.0.1" if local else socket.gethostname(),
         rank=0,
         world_size=1,
         lighthouse_addr=ctx.lighthouse_addr,
@@ -187,6 +200,7 @@ def run(ctx: JobContext) -> None:
         quorum_retries=tf["quorum_retries"],
         use_async_quorum=tf["use_async_quorum"],
     )
+    quorum_epochs.install(manager, ctx.run_dir)
     ddp = DistributedDataParallel(manager, model)
     optimizer = Optimizer(manager, inner_opt)
     writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)

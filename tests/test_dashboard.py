@@ -1,0 +1,326 @@
+"""The dashboard without a browser: real events in a real run directory, real widgets."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from workbench import rundir
+from workbench.events import EventWriter
+from workbench.spec import load_spec
+from workbench.widgets import Dashboard, DashboardState, active_dashboards
+from workbench.widgets.state import decimate
+
+
+def wait_until(predicate, timeout=10.0, poll=0.05, what="condition"):
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out after {timeout}s waiting for {what}")
+        time.sleep(poll)
+
+
+@pytest.fixture
+def run_dir(tmp_path):
+    spec = load_spec("demo", {"replicas": 3, "steps": 100, "faults": [], "run_root": str(tmp_path)})
+    return rundir.create(tmp_path, "20250101-000000-test-abcdef", spec.to_dict())
+
+
+class Writers:
+    """The writers a real run has: controller, one per replica attempt, a control file."""
+
+    def __init__(self, run_dir):
+        self.run_dir = run_dir
+        self.controller = EventWriter(run_dir, "controller", run="test")
+        self.control = EventWriter(run_dir, f"control-{os.getpid()}", run="test")
+        self._replicas = {}
+
+    def replica(self, r, attempt=0):
+        key = (r, attempt)
+        if key not in self._replicas:
+            self._replicas[key] = EventWriter(self.run_dir, f"replica-{r}.attempt-{attempt}",
+                                              run="test", replica=r, attempt=attempt)
+        return self._replicas[key]
+
+    def start(self, r, attempt=0):
+        self.controller.emit("submit", replica=r, attempt=attempt, job_id=f"j{r}.{attempt}")
+        w = self.replica(r, attempt)
+        w.emit("start", trainer="torchft-lite", role="replica", world_size=1, node=f"node{r}")
+        w.emit("phase", phase="manager_ready", seconds=1.0)
+        return w
+
+    def step(self, r, step, attempt=0, loss=None, committed=True, participating=True, participants=3, quorum_id=1):
+        return self.replica(r, attempt).emit(
+            "step", step=step, loss=loss if loss is not None else 5.0 / (1 + step) + 0.01 * r,
+            committed=committed, participating=participating, participants=participants,
+            quorum_id=quorum_id, step_time_s=0.02, tokens_per_s=12800.0, mem_gb=0.5,
+        )
+
+
+@pytest.fixture
+def writers(run_dir):
+    return Writers(run_dir)
+
+
+@pytest.fixture
+def dashboard(run_dir):
+    d = Dashboard(run_dir, start=False)
+    yield d
+    d.stop()
+
+
+def tile_states(d):
+    return {r: t.state for r, t in d.state.tiles.items()}
+
+
+def test_loss_traces_follow_step_events(dashboard, writers):
+    for r in range(3):
+        writers.start(r)
+    assert dashboard.update() > 0
+    assert tile_states(dashboard) == {0: "starting", 1: "starting", 2: "starting"}
+    for s in range(1, 11):
+        for r in range(3):
+            writers.step(r, s)
+    dashboard.update()
+    fig = dashboard.figure
+    for r in range(3):
+        assert list(fig.data[r].x) == list(range(1, 11))
+        assert fig.data[r].y[-1] == pytest.approx(5.0 / 11 + 0.01 * r)
+        assert list(fig.data[r].customdata) == list(range(1, 11))
+        assert "replica" in fig.data[r].hovertemplate and "loss" in fig.data[r].hovertemplate
+    assert tile_states(dashboard) == {0: "participating", 1: "participating", 2: "participating"}
+    assert dashboard.progress.value == 10 and dashboard.progress.max == 100
+    assert 'data-replica="1"' not in dashboard.tiles.value and "data-replica='1' data-state='participating'" in dashboard.tiles.value
+    assert dashboard.state.quorum_id == 1 and dashboard.state.participants == 3
+
+    dashboard.x_toggle.value = "time"
+    assert fig.data[0].x[0] >= 0 and fig.data[0].x[-1] < 60
+    assert fig.layout.xaxis.title.text.startswith("wall time")
+
+
+def test_kill_dead_restart_heal_participate_with_markers(dashboard, writers):
+    for r in range(3):
+        writers.start(r)
+    for s in range(1, 21):
+        for r in range(3):
+            writers.step(r, s)
+    writers.replica(0).emit("checkpoint", step=20, path="/ckpt/20", seconds=0.3, bytes=4096, durable=True)
+    writers.control.emit("fault", action="kill", target=1, pid=12345, origin="button")
+    dashboard.update()
+    assert tile_states(dashboard)[1] == "dead"
+    faults = dashboard.figure.data[dashboard._marker_trace["fault"]]
+    assert list(faults.x) == [20.0] and "kill replica 1 (button)" in faults.text[0]
+    ckpt = dashboard.figure.data[dashboard._marker_trace["checkpoint"]]
+    assert list(ckpt.x) == [20.0]
+    assert dashboard.state.checkpoints[0]["bytes"] == 4096
+
+    writers.step(1, 21)  # a straggler of the dead attempt must not revive the tile
+    writers.controller.emit("job", replica=1, attempt=0, job_id="j1.0", state="ended", clean=False)
+    writers.controller.emit("restart", replica=1, attempt=1, reason="died", from_step=20)
+    for s in range(21, 25):
+        for r in (0, 2):
+            writers.step(r, s, participants=2, quorum_id=2)
+    dashboard.update()
+    assert tile_states(dashboard)[1] == "dead"
+    assert dashboard.state.participants == 2
+
+    writers.start(1, attempt=1)
+    dashboard.update()
+    assert tile_states(dashboard)[1] == "starting" and dashboard.state.tiles[1].attempt == 1
+    writers.replica(1, 1).emit("heal", step=24, seconds=0.05, bytes=200_000, from_address="http://h:1", from_replica=0)
+    writers.step(1, 24, attempt=1, committed=False, participating=False, participants=3, quorum_id=3)
+    dashboard.update()
+    assert tile_states(dashboard)[1] == "healing"
+    heals = dashboard.figure.data[dashboard._marker_trace["heal"]]
+    assert list(heals.x) == [24.0]
+    assert dashboard.state.heals[-1]["from"] == 0 and "200.0 KB" not in dashboard.heal_panel.value
+    assert "195.3 KB" in dashboard.heal_panel.value
+
+    writers.step(1, 25, attempt=1, participants=3, quorum_id=3)
+    dashboard.update()
+    assert tile_states(dashboard) == {0: "participating", 1: "participating", 2: "participating"}
+    assert "data-replica='1' data-state='participating' data-attempt='1'" in dashboard.tiles.value
+    assert [q["participants"] for q in dashboard.state.quorum_history] == [3, 2, 3]
+    assert "class='wb-participants'" in dashboard.quorum_panel.value and "data-changes='3'" in dashboard.quorum_panel.value
+    assert "fault" in dashboard.tail_panel.value and "restart" in dashboard.tail_panel.value
+
+
+def test_hang_resume_and_finish(dashboard, writers):
+    for r in range(2):
+        writers.start(r)
+        writers.step(r, 1)
+    writers.control.emit("fault", action="hang", target=0, pid=1, origin="button", seconds=30.0)
+    writers.replica(0).emit("heartbeat", step=1)  # no progress: still hung
+    dashboard.update()
+    assert tile_states(dashboard)[0] == "hung"
+    writers.control.emit("fault", action="resume", target=0, pid=1, origin="schedule")
+    dashboard.update()
+    assert tile_states(dashboard)[0] == "participating"
+
+    writers.controller.emit("hang", target=1, seconds_without_progress=12.0)
+    dashboard.update()
+    assert tile_states(dashboard)[1] == "hung"
+    writers.step(1, 2)
+    dashboard.update()
+    assert tile_states(dashboard)[1] == "participating"
+
+    writers.replica(0).emit("exit", reason="completed", step=100)
+    writers.replica(1).emit("exit", reason="error", step=2, error="boom")
+    writers.controller.emit("run_end", state="completed", reason="all replicas done")
+    dashboard.update()
+    assert tile_states(dashboard)[0] == "finished" and tile_states(dashboard)[1] == "dead"
+    assert tile_states(dashboard)[2] == "pending"
+    assert "data-run-state='completed'" in dashboard.header.value
+
+
+def decoded(value):
+    """A plotly JSON array: a list, or a base64 typed array ``{"dtype", "bdata"}``."""
+    if isinstance(value, dict) and "bdata" in value:
+        import base64
+
+        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
+    return list(value)
+
+
+def test_widget_state_for_a_reloaded_view_is_current(dashboard, writers):
+    """A frontend that attaches later (reload, Voila) is sent the Output's state: the current figure."""
+    writers.start(0)
+    dashboard.update()
+    for s in range(1, 51):
+        writers.step(0, s)
+    writers.control.emit("fault", action="kill", target=0, pid=1, origin="api")
+    dashboard.update()
+    (output,) = dashboard.plot_output.get_state()["outputs"]  # what a new frontend is sent
+    plot = output["data"]["application/vnd.plotly.v1+json"]
+    traces = {t["name"]: t for t in plot["data"]}
+    assert decoded(traces["replica 0"]["x"]) == list(range(1, 51))
+    assert decoded(traces["replica 0"]["y"])[-1] == pytest.approx(5.0 / 51)
+    assert decoded(traces["faults"]["x"]) == [50.0] and "kill replica 0 (api)" in traces["faults"]["text"][0]
+    assert plot["layout"]["title"]["text"] == "loss"
+
+
+def test_plot_is_drawn_before_the_dashboard_is_displayed(run_dir, writers):
+    writers.start(0)
+    for s in range(1, 6):
+        writers.step(0, s)
+    d = Dashboard(run_dir, start=False)
+    try:
+        (output,) = d.plot_output.outputs
+        assert decoded(output["data"]["application/vnd.plotly.v1+json"]["data"][0]["x"]) == [1, 2, 3, 4, 5]
+    finally:
+        d.stop()
+
+
+def test_decimation_keeps_extremes():
+    x = np.sin(np.linspace(0, 20, 100_000))
+    x[77_777] = 9.0
+    idx = decimate(x, 2000)
+    assert len(idx) <= 2004 and 77_777 in idx and idx[0] == 0 and idx[-1] == len(x) - 1
+    assert np.all(np.diff(idx) > 0)
+    assert decimate(x[:10], 2000).tolist() == list(range(10))
+
+
+def test_update_with_100k_loss_points_is_fast(run_dir, writers):
+    n_per_replica = 100_000 // 3 + 1
+    for r in range(3):
+        writers.start(r)
+        w = writers.replica(r)
+        lines = "".join(
+            f'{{"t": {1000.0 + s * 0.01}, "kind": "step", "run": "test", "replica": {r}, "attempt": 0, "step": {s}, '
+            f'"loss": {5.0 / (1 + s)}, "committed": true, "participating": true, "participants": 3, "quorum_id": 1}}\n'
+            for s in range(1, n_per_replica + 1)
+        )
+        with open(w.path, "a") as f:
+            f.write(lines)
+    d = Dashboard(run_dir, start=False)
+    try:
+        assert d.state.total_points() >= 100_000
+        first = d.last_update_s
+        for r in range(3):
+            assert len(d.figure.data[r].x) <= d.max_points + 4
+        times = []
+        for s in range(n_per_replica + 1, n_per_replica + 11):
+            for r in range(3):
+                writers.step(r, s)
+            t0 = time.perf_counter()
+            d.update()
+            times.append(time.perf_counter() - t0)
+        median = sorted(times)[len(times) // 2]
+        print(f"\n100k loss points: first update (parse+fold+draw) {first * 1000:.0f} ms, "
+              f"incremental update median {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms")
+        assert median < 0.1
+        assert d.figure.data[0].customdata[-1] == n_per_replica + 10
+    finally:
+        d.stop()
+
+
+def test_updater_thread_follows_events_and_a_rerun_replaces_it(run_dir, writers):
+    first = Dashboard(run_dir)
+    try:
+        assert first.running
+        writers.start(0)
+        writers.step(0, 1)
+        wait_until(lambda: first.state.tiles[0].state == "participating", what="the thread to fold events")
+        wait_until(lambda: list(first.figure.data[0].x) == [1.0], what="the plot to gain the point")
+
+        second = Dashboard(run_dir)  # re-running the cell
+        try:
+            assert not first.running and second.running
+            assert active_dashboards() == {str(run_dir.resolve()): second}
+            names = [t.name for t in threading.enumerate() if t.name == f"wb-dashboard-{run_dir.name}"]
+            assert len(names) == 1
+            writers.controller.emit("run_end", state="completed", reason="done")
+            wait_until(lambda: not second.running, what="the updater to end after run_end")
+        finally:
+            second.stop()
+    finally:
+        first.stop()
+    assert not any(t.name == f"wb-dashboard-{run_dir.name}" for t in threading.enumerate())
+
+
+def test_state_ignores_garbage_fields():
+    s = DashboardState(2, 10)
+    s.apply([
+        {"t": 1.0, "kind": "step", "replica": "x", "loss": "nan?"},
+        {"t": 2.0, "kind": "step", "replica": 0, "loss": float("nan"), "step": 1},
+        {"t": 3.0, "kind": "fault", "action": "lighthouse_kill", "target": "lighthouse", "origin": "api"},
+        {"t": 4.0, "kind": "unknown"},
+    ])
+    assert len(s.loss[0]) == 0 and s.markers[0].kind == "fault" and s.markers[0].replica is None
+
+
+@pytest.fixture
+def real_run(start_run, run_root):
+    """A small real run: 3 replica groups on this machine (stopped by PID by ``start_run``)."""
+    return start_run("demo", {"steps": 2000, "faults": [], "run_root": str(run_root), "model.step_delay_s": 0.02})
+
+
+def test_kill_button_kills_the_replica_of_a_real_run(real_run):
+    from workbench import faults
+
+    d = real_run.dashboard()
+    try:
+        wait_until(lambda: d.state.tiles[1].state == "participating" and (d.state.tiles[1].step or 0) >= 3,
+                   timeout=120, poll=0.2, what="replica 1 to commit steps")
+        pid = faults.replica_pid(real_run.run_dir, 1)
+        assert pid is not None
+        d.replica_picker.value = 1
+        d.action_picker.value = "kill"
+        d.inject_button.click()
+        assert "kill" in d.fault_status.value and str(pid) in d.fault_status.value
+        wait_until(lambda: not faults._alive(pid), timeout=10, what=f"pid {pid} to die")
+        fault_events = real_run.events("fault")
+        assert ((fault_events["origin"] == "button") & (fault_events["action"] == "kill")
+                & (fault_events["target"] == 1)).any()
+        wait_until(lambda: d.state.tiles[1].state == "dead" or d.state.tiles[1].attempt >= 1,
+                   timeout=10, what="the tile to show the kill")
+        markers = d.figure.data[d._marker_trace["fault"]]
+        wait_until(lambda: len(markers.x) >= 1, timeout=5, what="a fault marker")
+        wait_until(lambda: d.state.tiles[1].attempt >= 1 and d.state.tiles[1].state == "participating",
+                   timeout=120, poll=0.2, what="replica 1 to be relaunched and rejoin")
+    finally:
+        d.stop()

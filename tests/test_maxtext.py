@@ -1,0 +1,245 @@
+"""MaxText checkpoint-restart against the real thing (``.venv-maxtext``), driven like a job.
+
+Each attempt is the job's real entrypoint (``job_entrypoint``) in its own process.
+One uninterrupted baseline, submitted with submitit's LocalExecutor; one run that
+is killed (SIGKILL, attempt 0), preempted (SIGUSR2 to every process, as Slurm's
+``--signal`` does, attempt 1) and finished (attempt 2), with a half-written
+checkpoint planted before attempt 1.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import submitit
+
+from workbench.events import read_all
+from workbench.spec import load_spec
+from workbench.trainers import maxtext
+from workbench.trainers.base import JobContext, job_entrypoint
+
+pytestmark = [
+    pytest.mark.maxtext,
+    pytest.mark.skipif(
+        not maxtext.maxtext_python().exists(),
+        reason=f"MaxText's environment {maxtext.maxtext_python()} is missing: run scripts/setup-maxtext.sh",
+    ),
+]
+
+STEPS = 200
+PERIOD = 10
+KILL_AT = 30
+PREEMPT_AFTER = 20
+START_TIMEOUT_S = 240
+REPO = Path(__file__).resolve().parents[1]
+ENTRY = "import pickle, sys; from workbench.trainers.base import job_entrypoint; job_entrypoint(pickle.load(open(sys.argv[1], 'rb')))"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False
+
+
+def wait_for(condition, timeout_s: float, what: str, poll_s: float = 0.1):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f}s waiting for {what}")
+
+
+def job_context(run_dir: Path, attempt: int) -> JobContext:
+    spec = load_spec("maxtext-cpu-tiny", steps=STEPS, run_root=str(run_dir.parent)).to_dict()
+    return JobContext(run_dir=str(run_dir), run_id=run_dir.name, spec=spec, replica=0, attempt=attempt)
+
+
+class Attempt:
+    """One job attempt in its own process; stopped by PID (and its MaxText child) on close."""
+
+    def __init__(self, run_dir: Path, attempt: int) -> None:
+        self.ctx = job_context(run_dir, attempt)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        ctx_file = run_dir / f"ctx.attempt-{attempt}.pkl"
+        ctx_file.write_bytes(pickle.dumps(self.ctx))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", ENTRY, str(ctx_file)], cwd=REPO,
+            stdout=subprocess.DEVNULL, stderr=open(run_dir / f"wrapper.attempt-{attempt}.err", "wb"),
+        )
+
+    def events(self, kind: str | None = None) -> list[dict]:
+        own = [e for e in read_all(self.ctx.run_dir) if e.get("attempt") == self.ctx.attempt]
+        return [e for e in own if kind is None or e["kind"] == kind]
+
+    def phase(self, name: str) -> dict | None:
+        return next((e for e in self.events("phase") if e["phase"] == name), None)
+
+    def max_step(self) -> int:
+        return max((e["step"] for e in self.events("step")), default=0)
+
+    def exit_event(self) -> dict | None:
+        return next(iter(self.events("exit")), None)
+
+    def maxtext_pid(self) -> int | None:
+        launched = self.phase("launched")
+        return launched["maxtext_pid"] if launched else None
+
+    def wait(self, timeout_s: float = START_TIMEOUT_S) -> int:
+        return self.proc.wait(timeout=timeout_s)
+
+    def close(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
+        _kill_maxtext(self)
+
+
+def _kill_maxtext(attempt) -> None:
+    pid = attempt.maxtext_pid()
+    if pid and _alive(pid):
+        os.kill(pid, signal.SIGKILL)
+
+
+class SubmititAttempt(Attempt):
+    """An attempt submitted with submitit's LocalExecutor, as the local cluster does."""
+
+    def __init__(self, run_dir: Path, attempt: int) -> None:
+        self.ctx = job_context(run_dir, attempt)
+        executor = submitit.LocalExecutor(folder=run_dir / "jobs")
+        executor.update_parameters(timeout_min=10)
+        self.job = executor.submit(job_entrypoint, self.ctx)
+
+    def wait(self, timeout_s: float = START_TIMEOUT_S) -> str:
+        wait_for(self.job.done, timeout_s, "the submitit job to end", poll_s=0.5)
+        return self.job.state
+
+    def close(self) -> None:
+        if not self.job.done():
+            self.job.cancel()
+            wrapper = next(iter(self.events("start")), None)
+            if wrapper and _alive(wrapper["pid"]):
+                os.kill(wrapper["pid"], signal.SIGKILL)
+        _kill_maxtext(self)
+
+
+@pytest.fixture(scope="module")
+def run_root(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("maxtext-runs")
+
+
+@pytest.fixture(scope="module")
+def baseline(run_root):
+    job = SubmititAttempt(run_root / "baseline", 0)
+    try:
+        job.wait()
+        yield job
+    finally:
+        job.close()
+
+
+@pytest.fixture(scope="module")
+def chaos(run_root):
+    """attempt 0 killed at step >= KILL_AT, attempt 1 preempted, attempt 2 to the end."""
+    run_dir = run_root / "chaos"
+    jobs: list[Attempt] = []
+    out: dict = {"jobs": jobs}
+    try:
+        a0 = Attempt(run_dir, 0)
+        jobs.append(a0)
+        wait_for(lambda: a0.max_step() >= KILL_AT, START_TIMEOUT_S, f"attempt 0 to reach step {KILL_AT}")
+        os.kill(a0.proc.pid, signal.SIGKILL)
+        a0.wait(30)
+        out["killed_at"] = a0.max_step()
+        out["orphan_gone"] = wait_for(lambda: not _alive(a0.maxtext_pid()), 30, "MaxText to die with its wrapper")
+
+        ckpt_dir = maxtext.checkpoint_dir(run_dir, run_dir.name)
+        latest = max(maxtext.durable_checkpoints(ckpt_dir))
+        planted = latest + PERIOD
+        shutil.copytree(ckpt_dir / str(latest), ckpt_dir / f"{planted}.orbax-checkpoint-tmp")
+        out["planted"] = planted
+
+        a1 = Attempt(run_dir, 1)
+        jobs.append(a1)
+        restored = wait_for(lambda: a1.phase("restored"), START_TIMEOUT_S, "attempt 1 to restore")
+        target = restored["from_step"] + PREEMPT_AFTER
+        wait_for(lambda: a1.max_step() >= target, START_TIMEOUT_S, f"attempt 1 to reach step {target}")
+        os.kill(a1.proc.pid, signal.SIGUSR2)
+        os.kill(a1.maxtext_pid(), signal.SIGUSR2)
+        out["preempted_at"] = a1.max_step()
+        a1.wait(120)
+
+        a2 = Attempt(run_dir, 2)
+        jobs.append(a2)
+        a2.wait()
+        yield out
+    finally:
+        for job in jobs:
+            job.close()
+
+
+def test_uninterrupted_run_completes(baseline):
+    end = baseline.exit_event()
+    assert baseline.job.state == "FINISHED", baseline.job.stderr()
+    assert baseline.job.result() is None
+    assert end["reason"] == "completed" and end["step"] == STEPS
+    assert baseline.max_step() == STEPS
+    assert baseline.phase("restored") is None
+    ckpts = baseline.events("checkpoint")
+    assert all(c["durable"] and c["bytes"] > 0 and c["seconds"] >= 0 for c in ckpts)
+    assert {c["step"] for c in ckpts} >= set(range(1, STEPS + 1, PERIOD))
+    assert baseline.phase("first_step")["seconds"] > 0
+
+
+def test_kill_resumes_from_last_durable_checkpoint(chaos):
+    a0, a1, _ = chaos["jobs"]
+    assert a0.exit_event() is None, "a SIGKILLed job cannot report an exit"
+    assert chaos["orphan_gone"]
+    last_durable = max(c["step"] for c in a0.events("checkpoint"))
+    from_step = a1.phase("restored")["from_step"]
+    assert from_step == last_durable <= chaos["killed_at"]
+    assert chaos["killed_at"] - from_step <= PERIOD, "steps lost exceed the checkpoint period"
+
+
+def test_half_written_checkpoint_is_never_restored(chaos):
+    a0, a1, a2 = chaos["jobs"]
+    planted = chaos["planted"] + 1
+    assert a1.phase("restored")["from_step"] < planted
+    assert any("orbax-checkpoint-tmp" in w["message"] for w in a1.events("warning"))
+    rewritten = [c for c in a1.events("checkpoint") + a2.events("checkpoint") if c["step"] == planted]
+    assert rewritten and rewritten[0]["durable"], "Orbax should replace the stale tmp dir with a real save"
+
+
+def test_preemption_saves_the_step_reached(chaos):
+    _, a1, a2 = chaos["jobs"]
+    end = a1.exit_event()
+    assert end["reason"] == "preempted", end
+    assert a1.phase("stopping")["signal"] == "SIGUSR2"
+    assert a1.proc.returncode != 0
+    assert end["saved_step"] == end["step"] >= chaos["preempted_at"]
+    assert end["step"] >= a1.max_step()
+    assert end["saved_step"] in {c["step"] for c in a1.events("checkpoint")}
+    assert a2.phase("restored")["from_step"] == end["saved_step"], "a planned stop must lose no step"
+
+
+def test_resumed_run_matches_uninterrupted(chaos, baseline):
+    _, _, a2 = chaos["jobs"]
+    end = a2.exit_event()
+    assert a2.proc.returncode == 0, end
+    assert end["reason"] == "completed" and end["step"] == STEPS
+    reference = {e["step"]: e["loss"] for e in baseline.events("step")}
+    resumed = {e["step"]: e["loss"] for e in a2.events("step")}
+    assert resumed, "attempt 2 trained no step"
+    assert all(resumed[s] == pytest.approx(reference[s], rel=1e-6) for s in resumed)
+    assert resumed[STEPS] == pytest.approx(reference[STEPS], rel=1e-6)

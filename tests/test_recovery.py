@@ -1,0 +1,70 @@
+"""Every recovery measured: chaos runs, the recovery timeline, goodput, hang detection."""
+
+import numpy as np
+import pytest
+
+from workbench import analysis
+
+pytestmark = pytest.mark.slow
+
+
+def _crashes(events):
+    """Attempts that ended without completing and without an injected fault to explain it."""
+    faulted = {(e["target"]) for e in events if e["kind"] == "fault" and isinstance(e.get("target"), int)}
+    ended = [e for e in events if e["kind"] == "job" and not e.get("clean")]
+    return [e for e in ended if e["replica"] not in faulted]
+
+
+def test_chaos_run_with_random_kills_and_hangs_reaches_its_target(start_run):
+    chaos = {"mtbf_s": 3.5, "seed": 11, "actions": ["kill", "hang"], "max_faults": 10, "start_s": 2.0, "hang_seconds": 2.0}
+    run = start_run("demo", {"faults": [], "chaos": chaos, "steps": 1200, "min_replicas": 1,
+                             "model.step_delay_s": 0.02})
+    assert len(run.spec.faults) == 10 and run.spec.chaos is None and run.record["chaos"]["seed"] == 11
+    status = run.wait(timeout=900)
+    assert status["state"] == "completed" and status["step"] == 1200, status
+    events = run.event_records()
+    fault_events = [e for e in events if e["kind"] == "fault" and e["action"] in ("kill", "hang")]
+    assert len(fault_events) == 10, [e for e in events if e["kind"] == "warning"]
+    assert _crashes(events) == []
+    timeline = analysis.recovery_timeline(events)
+    assert len(timeline) == 10
+    assert timeline["complete"].all(), timeline.to_string()
+    # Recovered means healed from a live peer: the group's weights agree with its peers' at the end.
+    final = [e for e in events if e["kind"] == "exit" and e.get("reason") == "completed"]
+    assert len({e["weights"] for e in final}) == 1
+
+
+def test_goodput_of_a_fault_free_run_is_one_and_kill_badput_adds_up(start_run):
+    clean = start_run("demo", {"faults": [], "steps": 600})
+    killed = start_run("demo", {"faults": [{"action": "kill", "target": 1, "at_step": 150},
+                                           {"action": "kill", "target": 2, "at_step": 400}], "steps": 900})
+    assert clean.wait(timeout=300)["state"] == "completed"
+    assert killed.wait(timeout=300)["state"] == "completed"
+    g = analysis.goodput(clean.event_records(), clean.spec)
+    assert 0.9 <= g["goodput"] <= 1.1, g
+    k = analysis.goodput(killed.event_records(), killed.spec)
+    assert k["goodput"] < g["goodput"]
+    parts = k["badput_s"]
+    assert parts["missing"] > 0 and parts["restart"] > 0 and parts["discarded"] > 0
+    # Time-based parts and work-based loss are computed independently; they must agree.
+    assert abs(sum(parts.values()) - k["lost_s"]) < 0.05 * k["T_s"], k
+    # Each kill costs about one group's absence, i.e. kill→rejoin / replicas of full-rate time.
+    rec = analysis.fault_recoveries(killed.event_records())
+    expected = rec["kill_to_rejoin_s"].sum() / killed.spec.replicas
+    assert parts["missing"] + parts["restart"] + parts["heal"] == pytest.approx(expected, rel=0.35)
+
+
+def test_a_sigstopped_replica_is_detected_as_hung_within_the_window(start_run):
+    run = start_run("demo", {"faults": [], "steps": 100000, "replicas": 2, "min_replicas": 1,
+                             "hang.timeout_s": 2.0})
+    run.wait_for_step(30, timeout=180)
+    fault = run.kill(replica=1, how="hang", seconds=8)
+    run.wait_for(lambda r: any(e["kind"] == "hang" and e.get("target") == 1 for e in r._events), timeout=30)
+    hang = next(e for e in run._events if e["kind"] == "hang" and e.get("target") == 1)
+    last_step = max(e["t"] for e in run._events if e["kind"] == "step" and e["replica"] == 1 and e["t"] < fault["t"])
+    # Reported once the peer has moved on without it: a dead peer holds the survivor up for
+    # about the process-group plus heartbeat timeouts (1 s each here).
+    assert 2.0 <= hang["seconds_without_progress"] < 2.0 + 2.0
+    assert hang["t"] - last_step < 2.0 + 2.0
+    assert run.status()["replicas"]["1"]["state"] == "hung"
+    run.stop()

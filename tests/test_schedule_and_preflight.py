@@ -1,0 +1,77 @@
+"""Fault schedules are reproducible and honest; each preflight rule fires when broken."""
+
+import numpy as np
+import pytest
+
+import workbench as wb
+from workbench import schedule
+from workbench.spec import CONFIG_DIR, ChaosSpec, load_spec, preflight
+
+
+def test_same_seed_same_fault_times_different_seed_different():
+    spec = load_spec("demo", {"chaos": {"mtbf_s": 30, "seed": 7, "actions": ["kill", "hang"], "max_faults": 20}})
+    a = schedule.materialize(spec).faults
+    b = schedule.materialize(spec).faults
+    assert [(f.at_s, f.action, f.target) for f in a] == [(f.at_s, f.action, f.target) for f in b]
+    other = schedule.materialize(load_spec(spec, {"chaos.seed": 8})).faults
+    assert [f.at_s for f in other] != [f.at_s for f in a]
+
+
+def test_inter_arrival_times_follow_the_exponential_distribution():
+    chaos = ChaosSpec(mtbf_s=10.0, seed=3, start_s=0.0, max_faults=20000)
+    times = np.array([f.at_s for f in schedule.draw(chaos, replicas=3)])
+    gaps = np.diff(np.concatenate([[0.0], times]))
+    # Exponential: mean = std = MTBF and P(gap > MTBF) = e^-1, unlike "random wait + fixed sleep".
+    assert abs(gaps.mean() - 10.0) < 0.3
+    assert abs(gaps.std() - 10.0) < 0.4
+    assert abs((gaps > 10.0).mean() - np.exp(-1)) < 0.015
+    assert (gaps < 1.0).mean() > 0.08  # short gaps happen: no fixed minimum sleep
+
+
+def test_chaos_is_materialized_into_the_recorded_spec(run_root):
+    with pytest.raises(wb.SpecError):  # validation happens before anything is drawn or written
+        wb.submit("demo", {"chaos": {"mtbf_s": 5, "targets": [9]}})
+    assert not run_root.exists()
+
+
+SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("config", SHIPPED)
+def test_preflight_is_quiet_on_shipped_configs(config):
+    assert preflight(load_spec(config)) == []
+
+
+@pytest.mark.parametrize(
+    "overrides, needle",
+    [
+        ({"torchft.pg_timeout_ms": 500, "lighthouse.heartbeat_timeout_ms": 1000}, "pg_timeout_ms (500)"),
+        ({"torchft.quorum_timeout_s": 0.5, "lighthouse.join_timeout_ms": 100}, "quorum_timeout_s (0.5)"),
+        ({"lighthouse.join_timeout_ms": 100, "lighthouse.quorum_tick_ms": 100}, "join_timeout_ms (100)"),
+        ({"faults": [{"action": "kill", "target": 1, "at_step": 10_000}]}, "never fires"),
+        ({"trainer": "maxtext", "replicas": 1, "min_replicas": 1, "maxtext": {"checkpoint_period": 500}, "steps": 100,
+          "faults": []},
+         "no checkpoint is ever written"),
+        ({"hang.timeout_s": 0.5}, "hang.timeout_s (0.5)"),
+        ({"replicas": 1, "min_replicas": 1, "faults": []}, "no live peer"),
+    ],
+)
+def test_each_preflight_warning_fires_with_its_values(overrides, needle):
+    warnings = preflight(load_spec("demo", overrides))
+    assert any(needle in w for w in warnings), warnings
+
+
+def test_preflight_refuses_join_timeout_beyond_quorum_timeout():
+    with pytest.raises(wb.SpecError, match="join_timeout_ms"):
+        preflight(load_spec("demo", {"lighthouse.join_timeout_ms": 70_000}))
+
+
+def test_preflight_refuses_a_busy_lighthouse_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        with pytest.raises(wb.SpecError, match=f"lighthouse.port: 127.0.0.1:{port} is already in use"):
+            preflight(load_spec("demo", {"lighthouse.port": port}))

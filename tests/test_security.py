@@ -1,0 +1,57 @@
+"""The control path is not open to the network, and a run's files are private to its user."""
+
+import ipaddress
+import stat
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+
+def _listeners(pids):
+    out = []
+    for pid in pids:
+        try:
+            conns = psutil.Process(pid).net_connections(kind="inet")
+        except psutil.NoSuchProcess:
+            continue
+        out += [(pid, c.laddr.ip, c.laddr.port) for c in conns if c.status == psutil.CONN_LISTEN]
+    return out
+
+
+def _is_loopback(ip: str) -> bool:
+    addr = ipaddress.ip_address(ip.split("%")[0])
+    if getattr(addr, "ipv4_mapped", None):
+        addr = addr.ipv4_mapped
+    return addr.is_loopback
+
+
+def test_every_listener_of_a_local_run_is_on_loopback_and_it_still_heals(start_run):
+    run = start_run("demo", {"faults": [{"action": "kill", "target": 1, "at_step": 60}], "steps": 100000})
+    run.wait_for(lambda r: any(e["kind"] == "heal" for e in r._events), timeout=240)
+    run.wait_for_step(analysis_step(run) + 20, timeout=60)
+    listeners = _listeners(run.pids())
+    # lighthouse + per replica group: TCPStore, rendezvous store, manager gRPC, checkpoint HTTP (+ gloo)
+    assert len(listeners) >= 1 + 3 * 4, listeners
+    exposed = [entry for entry in listeners if not _is_loopback(entry[1])]
+    assert exposed == [], f"listening beyond loopback: {exposed}"
+
+
+def analysis_step(run):
+    from workbench import analysis
+
+    return analysis.max_committed_step(run._events)
+
+
+def test_run_directory_and_its_files_are_private(start_run):
+    run = start_run("demo", {"faults": [], "steps": 30})
+    run.wait(timeout=240)
+    run.wait_exited()
+    assert stat.S_IMODE(run.run_dir.stat().st_mode) == 0o700
+    for path in run.run_dir.rglob("*"):
+        mode = stat.S_IMODE(path.stat().st_mode)
+        assert mode & 0o077 == 0, f"{path} is {oct(mode)}"
+    record = (run.run_dir / "run.json").read_text()
+    for secret_ish in ("token", "password", "TORCHFT_LIGHTHOUSE"):
+        assert secret_ish not in record

@@ -1,0 +1,196 @@
+"""torchft-lite replica groups as jobs on a real Slurm cluster (the local dev cluster).
+
+One dev cluster for the module, in a temporary state directory; its finalizer
+stops every daemon by the PIDs ``up()`` recorded. Every run is stopped by its
+controller, and whatever it left (processes by PID, Slurm jobs by the ids in
+its ``submit`` events) is removed in the finalizer, also when a test failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from workbench import analysis
+from workbench.cluster import devcluster, slurm
+from workbench.spec import SpecError
+
+from .conftest import REPO, kill_pids
+
+pytestmark = [
+    pytest.mark.slurm,
+    pytest.mark.slow,
+    pytest.mark.skipif(
+        any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
+        reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root"),
+]
+
+# Slow enough that a kill lands mid-run; small enough for 2 shared cores.
+BASE = ["cluster=slurm", "steps=100000", "faults=[]", "model.step_delay_s=0.05"]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    state_dir = tmp_path_factory.mktemp("slurm")
+    env = pytest.MonkeyPatch()
+    try:
+        info = devcluster.up(state_dir)
+        env.setenv("SLURM_CONF", info["env"]["SLURM_CONF"])
+        yield info
+    finally:
+        env.undo()
+        pids = [d["pid"] for d in (devcluster._read_state(devcluster.Layout(state_dir)) or {"daemons": {}})
+                ["daemons"].values()]
+        devcluster.down(state_dir)
+        for pid in pids:
+            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                os.kill(pid, 9)
+
+
+@pytest.fixture
+def submit(cluster, run_root):
+    """``wb.submit`` for this module's cluster; stops each run and removes what it left, by PID and job id."""
+    import workbench as wb
+
+    runs = []
+
+    def _submit(overrides):
+        run = wb.submit("demo", overrides)
+        runs.append(run)
+        return run
+
+    yield _submit
+    for run in runs:
+        try:
+            run.stop(timeout=30)
+        finally:
+            kill_pids(run.pids())
+            job_ids = [str(e["job_id"]) for e in run._events if e["kind"] == "submit"]
+            if job_ids:
+                slurm.slurm_cmd(cluster["slurm_conf"], "scancel", *job_ids)
+            if run._controller is not None and run._controller.poll() is None:
+                run._controller.kill()
+                run._controller.wait()
+
+
+def queued(conf: str) -> list[str]:
+    return slurm.slurm_cmd(conf, "squeue", "-h", "-o", "%i").stdout.split()
+
+
+def rejoined(replica: int, attempt: int, after_steps: int = 5):
+    """Predicate: ``attempt`` of ``replica`` committed ``after_steps`` steps while participating."""
+    def check(run) -> bool:
+        steps = [e for e in run._events if e["kind"] == "step" and e.get("replica") == replica
+                 and e.get("attempt") == attempt and e.get("committed") and e.get("participating")]
+        return len(steps) >= after_steps
+    return check
+
+
+def first_participating(run, replica: int, attempt: int) -> float:
+    return min(e["t"] for e in run._events if e["kind"] == "step" and e.get("replica") == replica
+               and e.get("attempt") == attempt and e.get("committed") and e.get("participating"))
+
+
+def starts(run, replica: int) -> dict[int, dict]:
+    return {e["attempt"]: e for e in run._events
+            if e["kind"] == "start" and e.get("replica") == replica and e.get("role") == "replica"}
+
+
+def attached(run_dir, code: str) -> dict:
+    """Run ``code`` in a fresh Python process with ``run = wb.attach(run_dir)``; it prints one JSON line."""
+    script = f"import json, workbench as wb\nrun = wb.attach({str(run_dir)!r})\n{code}"
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def test_killed_replica_job_is_resubmitted_heals_and_survivors_lose_nothing(submit, cluster):
+    run = submit(BASE)
+    run.wait_for_step(20, timeout=240)
+    assert run.record["spec"]["slurm"]["conf"] == cluster["slurm_conf"]
+    for attempt in (1, 2, 3):
+        if attempt == 3:
+            # A fresh process that only has the run directory kills the current job too.
+            fault = attached(run.run_dir, "print(json.dumps(run.kill(replica=1)))")
+        else:
+            fault = run.kill(replica=1)
+        assert fault["action"] == "kill" and fault["target"] == 1
+        assert fault["job_id"] == starts(run, 1)[attempt - 1]["job_id"] and fault["node"] in cluster["nodes"]
+        run.wait_for(rejoined(1, attempt), timeout=240)
+
+    run.refresh()
+    jobs = [str(e["job_id"]) for e in run._events if e["kind"] == "submit" and e["replica"] == 1]
+    assert len(jobs) == 4 and len(set(jobs)) == 4  # one Slurm job per attempt, never requeued
+    ended = {e["job_id"]: e for e in run._events if e["kind"] == "job"}
+    assert all(not ended[j]["clean"] for j in jobs[:3])
+    heals = [e for e in run._events if e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] >= 1]
+    assert sorted(e["attempt"] for e in heals) == [1, 2, 3]
+    last_rejoin = first_participating(run, 1, 3)
+    assert max(e.get("participants") or 0 for e in run._events
+               if e["kind"] == "step" and e["t"] >= last_rejoin and e.get("committed")) == 3
+
+    assert run.summary()["survivor_steps_lost"] == 0, run.summary()
+    # From each kill to the replacement's first participating commit. (scancel's SIGKILL arrives
+    # asynchronously: the killed attempt may still commit a step after the fault event, so only the
+    # next attempt counts as the rejoin.)
+    kills = [e for e in run._events if e["kind"] == "fault" and e.get("action") == "kill"]
+    rejoin = [first_participating(run, 1, k["attempt"] + 1) - k["t"] for k in kills]
+    print(f"\nkill->rejoin on Slurm: {[round(x, 2) for x in rejoin]} s, median {sorted(rejoin)[1]:.2f} s")
+    assert all(x > 1 for x in rejoin)
+
+    status = run.stop()
+    assert status["state"] == "stopped"
+    run.wait_exited(30)
+    assert not set(queued(cluster["slurm_conf"])) & set(jobs)
+
+    # A fresh process sees the whole history: every event, every job id.
+    seen = attached(run.run_dir, "ev = run.events()\nprint(json.dumps({'n': len(ev), 'state': run.state(), "
+                                 "'jobs': sorted(ev[ev.kind == 'submit'].job_id.astype(str))}))")
+    assert seen == {"n": len(run.events()), "state": "stopped",
+                    "jobs": sorted(str(e["job_id"]) for e in run._events if e["kind"] == "submit")}
+
+
+def test_node_down_under_a_replica_group_it_comes_back_on_another_node(submit, cluster):
+    # 3 of a node's 4 CPUs per group: each group has a node to itself and one node stays free.
+    run = submit(BASE + ["replicas=2", "min_replicas=1", "slurm.cpus_per_task=3"])
+    run.wait_for_step(20, timeout=240)
+    before = starts(run, 1)[0]
+    assert before["node"] != starts(run, 0)[0]["node"]
+    # A hang (SIGSTOP through Slurm) of the other group, resumed by the detached helper.
+    hang = run.kill(replica=0, how="hang", seconds=2)
+    assert (hang["job_id"], hang["seconds"]) == (starts(run, 0)[0]["job_id"], 2.0)
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "hang" for e in r._events), 60)
+    run.wait_for_step(analysis.max_committed_step(run._events, 0) + 5, replica=0, timeout=60)
+    fault = run.fault("node_down", target=1, seconds=5)
+    assert (fault["node"], fault["job_id"]) == (before["node"], before["job_id"])
+    run.wait_for(rejoined(1, 1), timeout=240)
+    after = starts(run, 1)[1]
+    assert after["node"] not in (before["node"], starts(run, 0)[0]["node"])
+    assert any(e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] == 1 for e in run._events)
+    assert run.summary()["survivor_steps_lost"] == 0
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r._events), 60)
+    assert run.stop()["state"] == "stopped"
+
+
+def test_bad_partition_or_account_is_refused_before_anything_is_queued(cluster, run_root):
+    import workbench as wb
+
+    with pytest.raises(SpecError, match=r"slurm.partition: 'no-such-partition' does not exist; allowed: debug"):
+        wb.submit("demo", ["cluster=slurm", "slurm.partition=no-such-partition"])
+    with pytest.raises(SpecError, match=r"slurm.account: 'no-such-account' is not one of your accounts"):
+        wb.submit("demo", ["cluster=slurm", "slurm.account=no-such-account"])
+    with pytest.raises(SpecError, match=r"slurm.requeue: .*allowed: false"):
+        wb.submit("demo", ["cluster=slurm", "slurm.requeue=true"])
+    with pytest.raises(SpecError, match=r"lighthouse.bind_host: '0.0.0.0' is not an address jobs can dial"):
+        wb.submit("demo", ["cluster=slurm", "lighthouse.bind_host=0.0.0.0"])
+    assert queued(cluster["slurm_conf"]) == []
+    assert not run_root.exists() or not any(run_root.iterdir())

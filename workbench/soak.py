@@ -1,0 +1,120 @@
+"""Chaos soak: many random faults against one run, then invariants checked from the run directory alone.
+
+``python -m workbench.soak [--faults 50] [--mtbf 4] [--cluster local|slurm]``
+submits a torchft-lite run with a seeded chaos schedule (kills, hangs,
+lighthouse kills; on Slurm also node down), waits for it, and prints the
+invariant counts. ``make soak`` runs the long version; the test suite runs a
+short one.
+
+Invariants, each computed from events only:
+
+- the run completed its target step;
+- no survivor crashed: every attempt that ended without completing was the
+  target of an injected fault;
+- every committed step of every replica attempt is recorded exactly once, and
+  within an attempt committed steps only go up;
+- the replicas' weights are identical at the end;
+- no partially written checkpoint was loaded: every restore names a step that
+  a ``durable`` checkpoint event recorded (torchft-lite heals from live peers'
+  memory, so it has none to check);
+- every fault has a complete recovery-timeline row.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import analysis
+from .run import Run, submit
+
+
+def check_invariants(run: Run) -> dict:
+    events = run.event_records()
+    faulted = {e["target"] for e in events if e["kind"] == "fault" and isinstance(e.get("target"), int)}
+    failed_jobs = [e for e in events if e["kind"] == "job" and not e.get("clean")]
+    crashes = [e for e in failed_jobs if e["replica"] not in faulted]
+    df = run.metrics()
+    committed = df[df["committed"].astype(bool)] if not df.empty else df
+    duplicates = int(committed.duplicated(["replica", "attempt", "step"]).sum()) if not df.empty else 0
+    backwards = 0
+    for _, g in committed.groupby(["replica", "attempt"]):
+        steps = g.sort_values("t")["step"].to_numpy()
+        backwards += int((steps[1:] <= steps[:-1]).sum())
+    final = [e for e in events if e["kind"] == "exit" and e.get("reason") == "completed"]
+    durable = {e.get("step") for e in events if e["kind"] == "checkpoint" and e.get("durable")}
+    restores = [e for e in events if e["kind"] == "phase" and e.get("phase") == "restored"]
+    bad_restores = [e for e in restores if e.get("from_step") not in durable and e.get("from_step") not in (0, None)]
+    timeline = analysis.recovery_timeline(events)
+    faults = [e for e in events if e["kind"] == "fault" and e.get("action") != "resume"]
+    result = {
+        "state": run.state(),
+        "steps": analysis.max_committed_step(events),
+        "steps_target": run.spec.steps,
+        "faults": len(faults),
+        "faults_by_action": {a: sum(1 for e in faults if e["action"] == a) for a in sorted({e["action"] for e in faults})},
+        "restarts": sum(1 for e in events if e["kind"] == "restart"),
+        "heals": sum(1 for e in events if e["kind"] == "heal"),
+        "survivor_crashes": len(crashes),
+        "duplicate_committed_steps": duplicates,
+        "steps_going_back": backwards,
+        "final_weights_distinct": len({e.get("weights") for e in final}),
+        "replicas_completed": len({e["replica"] for e in final}),
+        "restores": len(restores),
+        "restores_of_non_durable_checkpoints": len(bad_restores),
+        "timeline_rows": len(timeline),
+        "timeline_incomplete": int((~timeline["complete"]).sum()) if len(timeline) else 0,
+        "survivor_steps_lost": analysis.survivor_steps(events)[0],
+    }
+    result["invariants_hold"] = (
+        result["state"] == "completed" and result["steps"] == result["steps_target"]
+        and result["survivor_crashes"] == 0 and duplicates == 0 and backwards == 0
+        and result["final_weights_distinct"] == 1 and not bad_restores
+        and result["timeline_rows"] == result["faults"] - sum(1 for e in faults if e["action"] == "resume")
+        and result["timeline_incomplete"] == 0
+    )
+    return result
+
+
+def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int) -> dict:
+    actions = ["kill", "hang", "kill", "lighthouse_kill"] + (["node_down"] if cluster == "slurm" else [])
+    return {
+        "name": "soak",
+        "cluster": cluster,
+        "faults": [],
+        "min_replicas": 1,
+        "steps": steps,
+        "model": {"step_delay_s": 0.02},
+        "relaunch_delay_s": 0.0,
+        "max_restarts": 10 * faults,
+        "chaos": {"mtbf_s": mtbf_s, "seed": seed, "actions": actions, "max_faults": faults,
+                  "start_s": 2.0, "hang_seconds": 2.0},
+    }
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workbench.soak", description=__doc__.splitlines()[0])
+    p.add_argument("--faults", type=int, default=50)
+    p.add_argument("--mtbf", type=float, default=4.0, help="mean seconds between faults")
+    p.add_argument("--seed", type=int, default=1)
+    p.add_argument("--cluster", choices=("local", "slurm"), default="local")
+    p.add_argument("--steps", type=int, default=None, help="default: long enough for every fault to land")
+    args = p.parse_args(argv)
+    steps = args.steps or int((args.faults * args.mtbf + 60) / 0.06)
+    run = submit("demo", soak_spec(args.faults, args.mtbf, args.seed, args.cluster, steps))
+    print(f"soak: {args.faults} faults, mean {args.mtbf}s apart, {steps} steps; run dir {run.run_dir}", flush=True)
+    try:
+        run.wait(timeout=args.faults * args.mtbf * 6 + 600)
+    finally:
+        if run.state() not in ("completed", "failed", "stopped"):
+            run.stop()
+    result = check_invariants(run)
+    for k, v in result.items():
+        print(f"  {k:38} {v}")
+    print(json.dumps(result))
+    return 0 if result["invariants_hold"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,94 @@
+"""Keep every listener of a local run on 127.0.0.1.
+
+torchft's control path can kill training and serves the full model: the
+lighthouse's ``POST /replica/<id>/kill``, each Manager's gRPC ``Kill``, the
+checkpoint HTTP server a healing peer fetches weights from, and the TCPStores
+the process groups rendezvous on. Upstream, all of them bind every interface
+(the Manager's ``[::]`` is hard-coded). For a run on one machine nothing needs
+to be reachable from elsewhere, so the workbench binds each to loopback:
+
+- lighthouse: ``--bind 127.0.0.1:PORT`` (workbench/lighthouse.py);
+- gloo: ``GLOO_SOCKET_IFNAME=lo``;
+- Manager server: :func:`install` swaps ``[::]`` for ``127.0.0.1`` in the
+  bind address torchft passes to ``ManagerServer``;
+- checkpoint server: :class:`LoopbackHTTPServer` replaces torchft's IPv6
+  any-address server, and :func:`loopback_address` the advertised address;
+- TCPStores: :func:`loopback_store` hands the store a socket already bound to
+  127.0.0.1 (``master_listen_fd``), and :class:`LoopbackProcessGroupGloo`
+  hosts its rendezvous store that way.
+
+On a cluster the nodes must reach each other, so none of this applies there;
+docs/security.md says what stays exposed and to whom.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+from http.server import ThreadingHTTPServer
+
+HOST = "127.0.0.1"
+_LISTEN_SOCKETS: list[socket.socket] = []
+
+
+class LoopbackHTTPServer(ThreadingHTTPServer):
+    address_family = socket.AF_INET
+
+    def __init__(self, server_address, handler) -> None:
+        super().__init__((HOST, server_address[1]), handler)
+
+
+def loopback_store():
+    """A master TCPStore listening on 127.0.0.1 only (upstream binds every interface)."""
+    import torch.distributed as dist
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((HOST, 0))
+    sock.listen(128)
+    store = dist.TCPStore(
+        HOST, sock.getsockname()[1], is_master=True, wait_for_workers=False, master_listen_fd=sock.fileno()
+    )
+    _LISTEN_SOCKETS.append(sock)  # the store serves on this fd: keep the socket object alive
+    return store
+
+
+def loopback_address(transport) -> str:
+    port = transport._server.socket.getsockname()[1]
+    return f"http://{HOST}:{port}/checkpoint/"
+
+
+def install() -> None:
+    """Patch torchft so the Manager server and checkpoint server bind loopback."""
+    import torchft.checkpointing.http_transport as http_transport
+    import torchft.manager as manager
+
+    http_transport._IPv6HTTPServer = LoopbackHTTPServer
+    upstream = manager.ManagerServer
+    if getattr(upstream, "_workbench_loopback", False):
+        return
+
+    def loopback_manager_server(*args, bind: str, **kwargs):
+        return upstream(*args, bind=bind.replace("[::]", HOST), **kwargs)
+
+    loopback_manager_server._workbench_loopback = True
+    manager.ManagerServer = loopback_manager_server
+
+
+def loopback_process_group_gloo():
+    """torchft's ProcessGroupGloo whose rendezvous store listens on loopback."""
+    from torchft.process_group import ProcessGroupGloo
+
+    class LoopbackProcessGroupGloo(ProcessGroupGloo):
+        def get_reconfigure_handle(self) -> str:
+            if self._rendezvous_store is None:
+                self._rendezvous_store = loopback_store()
+            return json.dumps(
+                {
+                    "id": self._handle_id(),
+                    "store": f"{HOST}:{self._rendezvous_store.port}",
+                    "global_rank": self._global_rank,
+                }
+            )
+
+    return LoopbackProcessGroupGloo

@@ -1,0 +1,219 @@
+"""``ComparisonWidget``: a live side-by-side view of a sweep (or any list of runs).
+
+Presentation only: what is shown comes from :mod:`workbench.compare`
+(:func:`~workbench.compare.table`, :func:`~workbench.compare.committed_losses`)
+and ``Sweep.status()``, so tests check the same numbers without a browser by
+calling :meth:`ComparisonWidget.update` and reading :attr:`table` and the
+figure's traces.
+
+Like the run dashboard, a background thread refreshes it (every ``interval``
+seconds, 2 s by default: each refresh reads every run's new events and
+recomputes its figures), one updater per sweep per kernel (a new widget on
+the same sweep, say a re-run cell, stops the previous one), and the thread
+ends by itself after drawing the state in which every run has ended.
+"""
+
+from __future__ import annotations
+
+import copy
+import html
+import threading
+import time
+import weakref
+from typing import Any, Optional, Sequence
+
+import ipywidgets as w
+import pandas as pd
+import plotly.graph_objects as go
+
+from .. import compare
+from ..run import TERMINAL, Run
+
+_ACTIVE: dict[str, "weakref.ref[ComparisonWidget]"] = {}
+_ACTIVE_LOCK = threading.Lock()
+SHOWN = ("point", "label", "state", "steps", "final_loss", "steps_per_s", "goodput", "survivor_stall_s",
+         "kill_to_rejoin_s", "faults_injected", "restarts")
+
+
+class ComparisonWidget(w.VBox):
+    """``ComparisonWidget(sweep)`` or ``ComparisonWidget([run_a, run_b], labels=[...])``.
+
+    ``color_by``: the swept key that colours the loss curves (default: the
+    first swept key). ``start=False`` builds it without the updater thread.
+    """
+
+    def __init__(self, source: Any, labels: Optional[Sequence[str]] = None, color_by: Optional[str] = None,
+                 interval: float = 2.0, start: bool = True, **kwargs: Any) -> None:
+        from ..sweep import Sweep
+
+        self.sweep: Optional[Sweep] = source if isinstance(source, Sweep) else None
+        self._runs = None if self.sweep is not None else [compare.as_run(r) for r in source]
+        if self.sweep is not None:
+            self.key = str(self.sweep.sweep_dir)
+            self.color_by = color_by or (self.sweep.params[0] if self.sweep.params else None)
+        else:
+            self.key = "|".join(str(r.run_dir) for r in self._runs)
+            self.color_by = None
+        self._labels = list(labels) if labels is not None else None
+        self.interval = max(0.5, float(interval))
+        self.table: pd.DataFrame = pd.DataFrame()
+        self.last_update_s: Optional[float] = None
+        self._lock = threading.RLock()
+        self._stop = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self._trace_of: dict[str, int] = {}
+        self._drawn: dict[str, tuple] = {}
+
+        self.header = w.HTML().add_class("wb-compare-header")
+        self.figure = go.FigureWidget(layout=dict(
+            height=360, margin=dict(l=50, r=10, t=30, b=40), title=dict(text="loss", x=0.01, font=dict(size=13)),
+            xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="loss")), uirevision="keep",
+            legend=dict(title=dict(text=self.color_by or "")),
+        ))
+        self.figure.add_class("wb-compare-loss")
+        self.table_panel = w.HTML().add_class("wb-compare-table")
+        super().__init__([self.header, self.figure, self.table_panel], **kwargs)
+        self.update()
+        if start:
+            self.start()
+
+    # -- what to show ----------------------------------------------------------
+    def entries(self) -> list[tuple[str, Run, Any]]:
+        """(label, run, colour value) of every run there is to draw, in point order."""
+        if self.sweep is not None:
+            runs = self.sweep.runs()
+            out = []
+            for i, run in runs.items():
+                params = self.sweep.points[i]
+                label = f"p{i}: " + ", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in params.items())
+                out.append((label, run, params.get(self.color_by) if self.color_by else i))
+            return out
+        labels = self._labels or [r.id for r in self._runs]
+        return [(lab, run, i) for i, (lab, run) in enumerate(zip(labels, self._runs))]
+
+    def ended(self) -> bool:
+        if self.sweep is not None:
+            from ..sweep import SWEEP_TERMINAL
+
+            return self.sweep.state() in SWEEP_TERMINAL
+        return all(r.state() in TERMINAL for r in self._runs)
+
+    # -- updating ------------------------------------------------------------------
+    def update(self) -> pd.DataFrame:
+        """Read new events, recompute the table and curves, redraw; returns the table."""
+        with self._lock:
+            t0 = time.perf_counter()
+            entries = self.entries()
+            if self.sweep is not None:
+                table = self.sweep.table()
+            else:
+                table = compare.table([r for _, r, _ in entries], labels=[lab for lab, _, _ in entries])
+            self.table = table
+            self._draw_curves(entries)
+            self.header.value = self._header_html()
+            self.table_panel.value = self._table_html()
+            self.last_update_s = time.perf_counter() - t0
+            return table
+
+    def _draw_curves(self, entries: list[tuple[str, Run, Any]]) -> None:
+        colors = compare.colors_for([v for _, _, v in entries]) if entries else []
+        fig = self.figure
+        with fig.batch_update():
+            for (label, run, _), color in zip(entries, colors):
+                if self._drawn.get(label) == (len(run._events), color):
+                    continue
+                self._drawn[label] = (len(run._events), color)
+                curve = compare.committed_losses(run._events)
+                if label not in self._trace_of:
+                    fig.add_scatter(x=[], y=[], mode="lines", name=label, line=dict(width=1.6),
+                                    hovertemplate=f"{html.escape(label)}<br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>")
+                    self._trace_of[label] = len(fig.data) - 1
+                trace = fig.data[self._trace_of[label]]
+                trace.x, trace.y = curve["step"].to_numpy(), curve["loss"].to_numpy()
+                trace.line.color = color
+        _keep_state_current(fig)
+
+    def _header_html(self) -> str:
+        if self.sweep is not None:
+            states = self.sweep.point_states()
+            counts = " · ".join(f"{s} {states.count(s)}" for s in dict.fromkeys(states))
+            title = f"sweep <b>{html.escape(self.sweep.id)}</b> · {html.escape(self.sweep.state())}"
+        else:
+            states = [r.state() for r in self._runs]
+            counts = " · ".join(f"{s} {states.count(s)}" for s in dict.fromkeys(states))
+            title = f"<b>{len(self._runs)} runs</b>"
+        live = "live" if self.running else "not polling"
+        return f"<div class='wb-compare-title'>{title} · {html.escape(counts)} · <span class='wb-live'>{live}</span></div>"
+
+    def _table_html(self) -> str:
+        df = self.table
+        cols = [c for c in df.columns if c in SHOWN or (self.sweep is not None and c in self.sweep.params)]
+        order = [c for c in ("point", "label") if c in cols] + [c for c in cols if c not in ("point", "label")]
+
+        def cell(v: Any) -> str:
+            if v is None or (isinstance(v, float) and v != v):
+                return "–"
+            return f"{v:.4g}" if isinstance(v, float) else html.escape(str(v))
+
+        head = "".join(f"<th>{html.escape(c)}</th>" for c in order)
+        body = "".join(
+            f"<tr data-state='{html.escape(str(row.get('state')))}'>" + "".join(f"<td>{cell(row.get(c))}</td>" for c in order) + "</tr>"
+            for row in df.to_dict(orient="records")
+        )
+        return f"<table class='wb-table'><tr>{head}</tr>{body}</table>"
+
+    # -- the updater thread --------------------------------------------------------
+    @property
+    def running(self) -> bool:
+        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+
+    def start(self) -> "ComparisonWidget":
+        """Start the updater thread, stopping any other comparison widget's on the same sweep."""
+        with _ACTIVE_LOCK:
+            old = _ACTIVE.get(self.key)
+            _ACTIVE[self.key] = weakref.ref(self)
+        old = old() if old is not None else None
+        if old is not None and old is not self:
+            old.stop()
+        if not self.running:
+            self._stop.clear()
+            self._thread = threading.Thread(target=self._loop, name="wb-comparison", daemon=True)
+            self._thread.start()
+        return self
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self._stop.set()
+        thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join(timeout)
+        with _ACTIVE_LOCK:
+            if _ACTIVE.get(self.key, lambda: None)() is self:
+                del _ACTIVE[self.key]
+        self.header.value = self._header_html()
+
+    def _loop(self) -> None:
+        while not self._stop.is_set():
+            ended = self.ended()
+            try:
+                self.update()
+            except Exception as e:  # keep polling: a bad refresh must not end the live view
+                self.header.value = f"<span style='color:#c62828'>update failed: {html.escape(repr(e))}</span>"
+            if ended:
+                break
+            self._stop.wait(self.interval)
+        self._stop.set()
+        self.header.value = self._header_html()
+
+
+def _keep_state_current(fig: go.FigureWidget) -> None:
+    """Store the figure's current data in its synced traits without sending them, so a frontend that
+    attaches later (a browser reload) starts from the current curves (see ``dashboard.py``)."""
+    fig._trait_values["_widget_data"] = copy.deepcopy(fig._data)
+    fig._trait_values["_widget_layout"] = copy.deepcopy(fig._layout)
+
+
+def active_comparisons() -> dict[str, ComparisonWidget]:
+    """This kernel's comparison widgets whose updater is running, by sweep directory (or run list)."""
+    with _ACTIVE_LOCK:
+        out = {k: r() for k, r in _ACTIVE.items()}
+    return {k: c for k, c in out.items() if c is not None and c.running}
