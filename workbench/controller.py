@@ -22,6 +22,7 @@ find no live peer to heal from and train alone from scratch).
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import signal
 import sys
@@ -75,6 +76,9 @@ class Controller:
         self.step_intervals: list[float] = []
         self.fired: set[int] = set()
         self.deferred_until: dict[int, float] = {}
+        self.spares: dict[int, Any] = {}  # spare id -> submitit job
+        self.spares_ready: set[int] = set()
+        self.next_spare_id = 0
 
     # -- lifecycle -----------------------------------------------------------
     def run(self) -> str:
@@ -90,6 +94,8 @@ class Controller:
                 self.writer.emit("lighthouse", state="up", address=self.lighthouse.address, pid=self.lighthouse.pid)
             for slot in self.slots.values():
                 self._launch(slot)
+            for _ in range(self.spec.spares if self.elastic else 0):
+                self._launch_spare()
             state, reason = self._loop()
         except Exception as e:
             reason = f"controller error: {type(e).__name__}: {e}"
@@ -112,6 +118,13 @@ class Controller:
             self._fire_schedule()
             self._detect_hangs()
             now = time.time()
+            for spare_id, job in list(self.spares.items()):
+                if self.cluster.is_done(job):
+                    del self.spares[spare_id]
+                    self.spares_ready.discard(spare_id)
+                    self.writer.emit("warning", message=f"spare {spare_id} ended before it was used")
+                    if self.next_spare_id < self.spec.spares + self.spec.max_restarts:
+                        self._launch_spare()
             for slot in self.slots.values():
                 if slot.state == "running" and self.cluster.is_done(slot.job):
                     self._observe(self.reader.poll())
@@ -176,12 +189,45 @@ class Controller:
             slot.state = "failed"
             return
         slot.restarts += 1
+        reason = (exit_event or {}).get("reason", "died")
+        if self.spares_ready and not self.spec.relaunch_delay_s:
+            self._assign_spare(slot, reason)
+            return
         slot.state = "relaunch_wait"
         slot.relaunch_at = time.time() + self.spec.relaunch_delay_s
         self.writer.emit(
-            "restart", replica=slot.replica, attempt=slot.attempt + 1,
-            reason=(exit_event or {}).get("reason", "died"), from_step=self.max_step,
+            "restart", replica=slot.replica, attempt=slot.attempt + 1, reason=reason, from_step=self.max_step,
         )
+
+    def _launch_spare(self) -> None:
+        """A hot spare: a job that imports, builds the model and waits to be assigned."""
+        spare_id = self.next_spare_id
+        self.next_spare_id += 1
+        ctx = JobContext(
+            run_dir=str(self.run_dir), run_id=self.run_id, spec=self.spec.to_dict(), replica=-1, attempt=-1,
+            lighthouse_addr=self.lighthouse.address if self.lighthouse else None, env=self._job_env(),
+            spare_id=spare_id,
+        )
+        self.spares[spare_id] = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-spare{spare_id}")
+        self.writer.emit("submit", spare=spare_id, job_id=str(self.spares[spare_id].job_id))
+
+    def _assign_spare(self, slot: ReplicaSlot, reason: str) -> None:
+        spare_id = min(self.spares_ready)
+        self.spares_ready.discard(spare_id)
+        slot.attempt += 1
+        slot.committed_steps = 0
+        slot.hang_reported = False
+        slot.job = self.spares.pop(spare_id)
+        slot.state = "running"
+        (self.run_dir / "spares").mkdir(mode=0o700, exist_ok=True)
+        rundir.write_json_text(
+            self.run_dir / "spares" / f"{spare_id}.json", json.dumps({"replica": slot.replica, "attempt": slot.attempt})
+        )
+        self.writer.emit(
+            "restart", replica=slot.replica, attempt=slot.attempt, reason=reason, from_step=self.max_step,
+            spare=spare_id, job_id=str(slot.job.job_id),
+        )
+        self._launch_spare()
 
     def _stop_job(self, slot: ReplicaSlot, reason: str) -> None:
         pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt)
@@ -195,6 +241,8 @@ class Controller:
         for e in events:
             kind = e.get("kind")
             r = e.get("replica")
+            if kind == "phase" and e.get("phase") == "spare_ready" and e.get("spare") in self.spares:
+                self.spares_ready.add(e["spare"])
             if kind == "exit" and r is not None and e.get("role") is None:
                 self.exits[(r, e.get("attempt", 0))] = e
             elif kind == "step" and r in self.slots:
@@ -301,9 +349,19 @@ class Controller:
                 if pid:
                     _signal(pid, signal.SIGKILL)
                 self.cluster.cancel(slot.job)
+        for spare_id, job in self.spares.items():
+            pid = next((e.get("pid") for e in self.reader_all() if e.get("kind") == "start" and e.get("spare") == spare_id), None)
+            if pid:
+                _signal(pid, signal.SIGKILL)
+            self.cluster.cancel(job)
         if self.lighthouse:
             self.lighthouse.stop()
             self.writer.emit("lighthouse", state="down", address=self.lighthouse.address, pid=self.lighthouse.pid)
+
+    def reader_all(self) -> list[dict]:
+        from .events import read_all
+
+        return read_all(self.run_dir)
 
 
 def _signal(pid: int, sig: int) -> None:

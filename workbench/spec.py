@@ -188,6 +188,7 @@ class Spec(_Section):
     relaunch: Literal["auto", "off"] = "auto"
     relaunch_delay_s: float = Field(0.0, ge=0, le=3600)
     max_restarts: int = Field(20, ge=0, le=10_000)
+    spares: int = Field(0, ge=0, le=64)
     heartbeat_s: float = Field(1.0, gt=0, le=600)
     checksum_every: int = Field(10, ge=1)
     write_events: bool = True
@@ -211,6 +212,8 @@ class Spec(_Section):
         for i, f in enumerate(self.faults):
             if f.target is not None and f.target >= self.replicas and f.action != "lighthouse_kill":
                 raise ValueError(f"faults[{i}].target ({f.target}) must be < replicas ({self.replicas})")
+        if self.spares and self.trainer != "torchft-lite":
+            raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer torchft-lite only")
         if self.chaos and self.chaos.targets:
             bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
             if bad:

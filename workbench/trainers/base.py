@@ -24,15 +24,41 @@ class JobContext:
     attempt: int
     lighthouse_addr: Optional[str] = None
     env: dict = dataclasses.field(default_factory=dict)
+    spare_id: Optional[int] = None
 
     @property
     def writer_name(self) -> str:
+        if self.spare_id is not None:
+            return f"spare-{self.spare_id}"
         return f"replica-{self.replica}.attempt-{self.attempt}"
 
     def writer(self) -> EventWriter:
+        if self.spare_id is not None:
+            return EventWriter(self.run_dir, self.writer_name, run=self.run_id, replica=None, spare=self.spare_id)
         return EventWriter(
             self.run_dir, self.writer_name, run=self.run_id, replica=self.replica, attempt=self.attempt
         )
+
+    def wait_for_assignment(self, poll_s: float = 0.01, stop=lambda: False) -> bool:
+        """A hot spare's wait: until the controller assigns it a replica group (True) or stop().
+
+        The controller writes ``spares/<id>.json`` (``{"replica": r, "attempt": a}``)
+        atomically; the spare then becomes that group's next attempt.
+        """
+        import json
+        import time
+        from pathlib import Path
+
+        path = Path(self.run_dir) / "spares" / f"{self.spare_id}.json"
+        while not stop():
+            try:
+                assignment = json.loads(path.read_text())
+            except (OSError, ValueError):
+                time.sleep(poll_s)
+                continue
+            self.replica, self.attempt, self.spare_id = assignment["replica"], assignment["attempt"], None
+            return True
+        return False
 
     @staticmethod
     def placement() -> dict:

@@ -107,7 +107,9 @@ def run(ctx: JobContext) -> None:
     t_start = time.time()
     spec = ctx.spec
     writer = ctx.writer()
-    writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, **ctx.placement())
+    spare_id = ctx.spare_id
+    role = "replica" if spare_id is None else "spare"
+    writer.emit("start", trainer="torchft-lite", role=role, world_size=1, **ctx.placement())
     stop_reason: list[str] = []
     signal.signal(signal.SIGTERM, lambda *_: stop_reason.append("preempted"))
     signal.signal(signal.SIGUSR2, lambda *_: stop_reason.append("preempted"))
@@ -128,7 +130,7 @@ def run(ctx: JobContext) -> None:
     local = spec["cluster"] == "local"
     if local:
         loopback.install()
-    TorchftLogHandler(writer).install()
+    log_handler = TorchftLogHandler(writer).install()
     writer.emit("phase", phase="imports_done", seconds=time.time() - t_start)
 
     m = spec["model"]
@@ -180,6 +182,21 @@ def run(ctx: JobContext) -> None:
     writer.emit(
         "phase", phase="model_ready", seconds=time.time() - t_start, checkpoint_address=transport.metadata()
     )
+    if spare_id is not None:
+        # A hot spare: everything up to here is done ahead of time. It must not create its
+        # Manager yet: an idle Manager heartbeats, and the lighthouse would hold every quorum
+        # for up to join_timeout_ms waiting for it.
+        writer.emit("phase", phase="spare_ready", seconds=time.time() - t_start)
+        if not ctx.wait_for_assignment(stop=lambda: bool(stop_reason)):
+            writer.emit("exit", reason="stopped", step=0)
+            os._exit(0)
+        writer.close()
+        writer = ctx.writer()
+        log_handler.writer = writer
+        t_assigned = time.time()
+        writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, from_spare=spare_id, **ctx.placement())
+        writer.emit("phase", phase="imports_done", seconds=0.0, from_spare=spare_id)
+        writer.emit("phase", phase="model_ready", seconds=time.time() - t_assigned, checkpoint_address=transport.metadata())
     manager = Manager(
         pg=pg,
         min_replica_size=spec["min_replicas"],
