@@ -38,3 +38,14 @@ def test_quickstart_runs_headless(run_root):
     assert "'survivor_steps_lost': 0" in outputs
     (run_dir,) = list(run_root.iterdir())
     assert attach(run_dir).summary()["heals"] >= 1
+
+
+@pytest.mark.slow
+def test_teaching_notebook_runs_headless(run_root):
+    nb = execute("02_kill_and_recover.ipynb", run_root)
+    outputs = "".join(
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells if c.cell_type == "code" for o in c.outputs
+    )
+    assert "replica 1 is back" in outputs and "'survivor_steps_lost': 0" in outputs
+    assert "'stopped'" in outputs
