@@ -324,3 +324,27 @@ def test_kill_button_kills_the_replica_of_a_real_run(real_run):
                    timeout=120, poll=0.2, what="replica 1 to be relaunched and rejoin")
     finally:
         d.stop()
+
+
+def test_a_checkpoint_restart_shows_a_restore_marker_and_the_steps_redone(tmp_path):
+    """MaxText-style recovery: killed at step 37, restarted, resumed from checkpoint 30."""
+    from workbench.events import EventReader, EventWriter
+    from workbench.widgets.state import DashboardState
+
+    w0 = EventWriter(tmp_path, "replica-0.attempt-0", run="r", replica=0, attempt=0)
+    w0.emit("start", trainer="maxtext")
+    for step in range(1, 38):
+        w0.emit("step", step=step, loss=5.0 - step * 0.01, committed=True, participating=True)
+        if step % 10 == 0:
+            w0.emit("checkpoint", step=step, durable=True, bytes=100, seconds=0.1)
+    EventWriter(tmp_path, "control-1", run="r").emit("fault", action="kill", target=0, origin="api")
+    w1 = EventWriter(tmp_path, "replica-0.attempt-1", run="r", replica=0, attempt=1)
+    w1.emit("start", trainer="maxtext")
+    w1.emit("phase", phase="restored", from_step=30)
+    w1.emit("step", step=31, loss=4.7, committed=True, participating=True)
+    state = DashboardState(replicas=1, steps=100)
+    state.apply(EventReader(tmp_path).poll())
+    assert state.tiles[0].steps_lost == 7
+    restores = state.marker_arrays("restore")
+    assert len(restores["label"]) == 1 and "checkpoint step 30" in restores["label"][0]
+    assert len(state.marker_arrays("checkpoint")["label"]) == 3

@@ -53,6 +53,7 @@ MARKER_STYLE = {
     "fault": dict(symbol="x", size=13, color="#d50000", line=dict(width=1, color="#7f0000")),
     "heal": dict(symbol="triangle-up", size=12, color="#00c853", line=dict(width=1, color="#1b5e20")),
     "checkpoint": dict(symbol="diamond", size=10, color="#ffd600", line=dict(width=1, color="#6d5f00")),
+    "restore": dict(symbol="star", size=14, color="#ff6d00", line=dict(width=1, color="#7f3600")),
 }
 _STYLE = """<style>
 .wb-tiles{display:flex;flex-wrap:wrap;gap:6px}
@@ -166,7 +167,7 @@ class Dashboard(w.VBox):
         ]
         for kind, style in MARKER_STYLE.items():
             traces.append(go.Scatter(
-                x=[], y=[], mode="markers", name={"fault": "faults", "heal": "heals", "checkpoint": "checkpoints"}[kind],
+                x=[], y=[], mode="markers", name={"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts"}[kind],
                 marker=style, hovertemplate="%{text}<br>step %{customdata:.0f}<br>loss %{y:.4f}<extra></extra>",
             ))
         self._trace_of = {r: r for r in replicas}
@@ -290,7 +291,8 @@ class Dashboard(w.VBox):
                 f"<div class='wb-tile' data-replica='{r}' data-state='{t.state}' data-attempt='{t.attempt}' "
                 f"data-step='{t.step if t.step is not None else ''}' style='background:{STATE_COLORS.get(t.state, '#555')}'>"
                 f"<b>replica {r}</b> · <span class='wb-tile-state'>{t.state}</span><br>"
-                f"step {_fmt(t.step)} · attempt {t.attempt}<br>"
+                f"step {_fmt(t.step)} · attempt {t.attempt}"
+                + (f" · {t.steps_lost} steps redone" if t.steps_lost else "") + "<br>"
                 f"heartbeat {_fmt(age, '.1f', ' s')} ago<br>"
                 f"step {_fmt(t.step_time_s and t.step_time_s * 1000, '.0f', ' ms')} · {_fmt(t.tokens_per_s, ',.0f')} tok/s<br>"
                 f"mem {_fmt(t.mem_gb, '.2f', ' GB')} · {html.escape(hosts)}</div>"

@@ -37,7 +37,7 @@ from typing import Iterable, Optional
 import numpy as np
 
 STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
-MARKER_KINDS = ("fault", "heal", "checkpoint")
+MARKER_KINDS = ("fault", "heal", "checkpoint", "restore")
 QUIET_KINDS = frozenset({"step", "heartbeat", "commit"})
 KILL_ACTIONS = frozenset({"kill", "preempt"})
 
@@ -125,6 +125,7 @@ class Tile:
     mem_gb: Optional[float] = None
     hosts: list = dataclasses.field(default_factory=list)
     restarts: int = 0
+    steps_lost: int = 0
     dead_attempt: int = -1
     hang: Optional[dict] = None
 
@@ -237,6 +238,15 @@ class DashboardState:
             tile.last_seen = t
             if tile.state == "pending":
                 tile.state = "starting"
+        if e.get("phase") == "restored":
+            # checkpoint-restart: where the restarted job resumed, and what it has to redo
+            lost = max(0, (tile.step if tile is not None else 0) - int(e.get("from_step") or 0))
+            if tile is not None:
+                tile.steps_lost += lost
+            self._pending_markers.append(
+                {"kind": "restore", "e": e, "label": f"restart resumed from checkpoint step {e.get('from_step')}"
+                 f" ({lost} steps to redo)"}
+            )
 
     def _progress(self, tile: Tile, e: dict, t: float) -> bool:
         """Record liveness; returns False while the tile is hung."""
