@@ -39,6 +39,11 @@ test: $(STAMP) maxtext-env slurm-pkgs browser-env
 lab: browser-env
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root)
 
+# Benchmarks (not part of `make test`): writes docs/benchmarks.md. `make bench BENCH_ARGS=--quick` for a smoke run.
+bench: $(STAMP)
+	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"
+	$(PY) -m bench $(BENCH_ARGS)
+
 soak: $(STAMP)
 	$(PY) -m workbench.soak --faults 50
 

@@ -49,3 +49,20 @@ def test_teaching_notebook_runs_headless(run_root):
     )
     assert "replica 1 is back" in outputs and "'survivor_steps_lost': 0" in outputs
     assert "'stopped'" in outputs
+
+
+@pytest.mark.slow
+@pytest.mark.maxtext
+@pytest.mark.skipif(not (NOTEBOOKS.parent / ".venv-maxtext" / "bin" / "python").exists(),
+                    reason=".venv-maxtext missing: run scripts/setup-maxtext.sh (make test does)")
+def test_maxtext_restart_notebook_runs_headless(run_root, monkeypatch):
+    monkeypatch.setenv("WORKBENCH_JAX_CACHE", str(run_root.parent / "jax-cache"))
+    nb = execute("03_maxtext_restart.ipynb", run_root, timeout=1200)
+    outputs = "".join(
+        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
+        for c in nb.cells if c.cell_type == "code" for o in c.outputs
+    )
+    assert "checkpoint-restart" in outputs and "elastic" in outputs
+    runs = [attach(d) for d in run_root.iterdir() if d.is_dir() and (d / "run.json").exists()]
+    mx = next(r for r in runs if r.spec.trainer == "maxtext")
+    assert mx.state() == "completed" and mx.summary()["restarts"] == 1

@@ -208,6 +208,7 @@ def survivor_steps(events: list[dict]) -> tuple[int, int]:
 
 def summary(events: list[dict], spec) -> dict:
     rec = fault_recoveries(events)
+    timeline = recovery_timeline(events)
     lost, discarded = survivor_steps(events)
     starts = [e["t"] for e in events if e.get("kind") == "start" and e.get("role") == "controller"]
     committed = _committed(events)
@@ -238,6 +239,7 @@ def summary(events: list[dict], spec) -> dict:
         "heals": sum(1 for e in events if e.get("kind") == "heal"),
         "survivor_steps_lost": lost,
         "survivor_steps_discarded": discarded,
+        "steps_redone": int(pd.to_numeric(timeline["steps_lost"], errors="coerce").fillna(0).sum()) if len(timeline) else 0,
         "survivor_stall_s": mx("survivor_stall_s"),
         "kill_to_rejoin_s": med("kill_to_rejoin_s"),
         "heal_seconds": med("heal_seconds"),
@@ -398,8 +400,9 @@ def goodput(events: list[dict], spec) -> dict:
         return empty
     df["committed"] = df["committed"].astype(bool)
     df["participating"] = df["participating"].fillna(True).astype(bool)
-    batch = spec.model.batch_size if spec.trainer == "torchft-lite" else 1
-    good = df[df["committed"] & df["participating"]]
+    batch = spec.model.batch_size if spec.trainer in ("torchft-lite", "ddp-restart") else 1
+    # A step redone after a restore from a checkpoint counts once.
+    good = df[df["committed"] & df["participating"]].drop_duplicates(["replica", "step"], keep="first")
     t0, t1 = float(df.loc[df["committed"], "t"].min()), float(df.loc[df["committed"], "t"].max())
     T = t1 - t0
     if T <= 0:

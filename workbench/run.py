@@ -109,7 +109,9 @@ class Run:
         if action is None:
             raise faults.FaultError(f"how: {how!r}; allowed: sigkill, hang, preempt")
         if replica is None:
-            replica = 0 if self.spec.replicas == 1 or self.spec.trainer == "maxtext" else None
+            from .trainers import ELASTIC
+
+            replica = 0 if self.spec.replicas == 1 or self.spec.trainer not in ELASTIC else None
         if replica is not None and not 0 <= replica < self.spec.replicas:
             raise faults.FaultError(f"replica: {replica} out of range; allowed: 0..{self.spec.replicas - 1}")
         return faults.inject(self.run_dir, action, replica, origin=origin, seconds=seconds)

@@ -270,10 +270,7 @@ def parse_override(item: str) -> tuple[str, Any]:
     key = key.strip()
     if not key:
         raise SpecError(f"override {item!r}: empty key")
-    try:
-        value = yaml.safe_load(raw) if raw.strip() else ""
-    except yaml.YAMLError as e:
-        raise SpecError(f"{key}: cannot parse {raw!r} ({e.__class__.__name__})") from None
+    value = safe_yaml(raw, f"{key}") if raw.strip() else ""
     return key, value
 
 
@@ -301,11 +298,34 @@ def resolve_config_path(config: str | os.PathLike) -> Path:
     raise SpecError(f"config: {str(config)!r} not found; shipped configs: {', '.join(names)}")
 
 
+MAX_YAML_ALIASES = 50
+MAX_CONFIG_BYTES = 1_000_000
+
+
+def safe_yaml(text: str, where: str):
+    """``yaml.safe_load`` (no object construction), with aliases capped.
+
+    Safe loading refuses tags that build Python objects; the cap stops an
+    alias bomb (a few lines that expand exponentially when the spec is
+    serialised into ``run.json``).
+    """
+    if len(text) > MAX_CONFIG_BYTES:
+        raise SpecError(f"{where}: {len(text)} bytes; a config is at most {MAX_CONFIG_BYTES}")
+    try:
+        aliases = sum(isinstance(tok, yaml.AliasToken) for tok in yaml.scan(text))
+        if aliases > MAX_YAML_ALIASES:
+            raise SpecError(f"{where}: {aliases} YAML aliases; at most {MAX_YAML_ALIASES} are allowed")
+        return yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise SpecError(f"{where}: not valid YAML for safe loading ({e})") from None
+
+
 def load_yaml(path: Path) -> dict:
     try:
-        data = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as e:
-        raise SpecError(f"config {path}: not valid YAML for safe loading ({e})") from None
+        text = path.read_text()
+    except (OSError, UnicodeDecodeError) as e:
+        raise SpecError(f"config {path}: cannot read ({e})") from None
+    data = safe_yaml(text, f"config {path}")
     if data is None:
         return {}
     if not isinstance(data, dict):

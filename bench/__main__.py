@@ -1,0 +1,86 @@
+"""``python -m bench [--quick] [--out docs/benchmarks.md]``: run every benchmark, write the report.
+
+Order: the fault-free comparison (torchft-lite, ddp-restart and, in full mode,
+torchft-lite without step events, interleaved), torchft-lite kill recovery
+(full mode), the kill-every-period comparison (torchft-lite and ddp-restart,
+interleaved), then the event pipeline. The process renices itself (and so
+every run it starts) by 10: the machine is shared.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+import warnings
+from pathlib import Path
+
+from . import machine, pipeline, recovery, report, sessions
+from .sessions import TORCHFT, TORCHFT_NO_EVENTS, ddp_restart
+
+REPO = Path(__file__).resolve().parent.parent
+
+# Full / quick settings: fault-free window and repetitions, kill-recovery run, kill period.
+FULL = dict(clean_window_s=30.0, clean_reps=3, writer_ab=True, recovery_window_s=75.0, recovery_every_s=12.5,
+            kill_every_s=60.0, kill_window_s=180.0, checkpoint_every_s=10.0)
+QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window_s=0.0, recovery_every_s=0.0,
+             kill_every_s=20.0, kill_window_s=40.0, checkpoint_every_s=5.0)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench", description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="smoke test: short windows, one repetition (~3-5 min)")
+    ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
+    ap.add_argument("--run-root", default=None, help="where the benchmark runs go (default: a temporary folder)")
+    args = ap.parse_args(argv)
+    os.nice(10)
+    warnings.filterwarnings("ignore", message=".*replicas is 1.*")
+    cfg = QUICK if args.quick else FULL
+    out = Path(args.out)
+    img = out.parent / "img"
+    img.mkdir(parents=True, exist_ok=True)
+    t_start = time.time()
+    info = {**machine.describe(), "mode": "quick" if args.quick else "full", "settings": cfg,
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+    print(f"bench ({info['mode']}): {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
+
+    with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
+        root = Path(args.run_root or tmp)
+        ddp = ddp_restart(cfg["checkpoint_every_s"])
+        clean_variants = [TORCHFT, ddp] + ([TORCHFT_NO_EVENTS] if cfg["writer_ab"] else [])
+        clean = sessions.interleaved(clean_variants, cfg["clean_reps"], cfg["clean_window_s"], root)
+        kill_runs = []
+        if cfg["recovery_window_s"]:
+            v = TORCHFT.kills(cfg["recovery_every_s"], cfg["recovery_window_s"], targets=[1, 2])
+            print(f"[kill recovery] {v.name}, {cfg['recovery_window_s']:g} s window")
+            kill_runs.append(sessions.run_variant(v, cfg["recovery_window_s"] + 5, root))
+        every, window = cfg["kill_every_s"], cfg["kill_window_s"]
+        faulted = sessions.interleaved(
+            [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])], 1, window, root)
+    torchft_faulted = [r for r in kill_runs + faulted if r.spec.trainer == "torchft-lite"]
+
+    results = {
+        "machine": info,
+        "recoveries": recovery.kill_recoveries(torchft_faulted),
+        "restart_recoveries": recovery.kill_recoveries([r for r in faulted if r.spec.trainer == "ddp-restart"]),
+        "survivors": recovery.survivor_steps(torchft_faulted),
+        "throughput": recovery.throughputs(clean + faulted),
+        "startup": recovery.startup(clean + kill_runs + faulted),
+        "writer_ab": recovery.writer_ab(clean),
+        "breakeven": report.breakeven_of(clean, faulted),
+    }
+    ft_steps = results["throughput"].query("variant == 'torchft-lite'")["median_step_time_s"].dropna()
+    results["pipeline"] = pipeline.run_all(args.quick, img, float(ft_steps.median()) if len(ft_steps) else None)
+    results["machine"]["loadavg_at_end"] = machine.loadavg()
+    results["machine"]["bench_wall_s"] = time.time() - t_start
+    report.write(results, out, img)
+    (img / "benchmarks.json").write_text(json.dumps(report.jsonable(results), indent=1, default=str))
+    print(f"wrote {out} in {time.time() - t_start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""The event pipeline without training: reader throughput, writer cost, dashboard update.
+
+Event logs are written by a real ``EventWriter`` with the fields torchft-lite
+puts in a ``step`` event, spread over 3 replica files like a demo run's.
+
+- reader: a fresh ``EventReader.poll()`` over the whole log, events/s.
+- writer: one ``emit`` of a step event, and the weights checksum a step event
+  carries every ``checksum_every`` steps, as a share of a torchft-lite step
+  (the median ``step_time_s`` the sessions measured).
+- dashboard (if ``workbench.widgets`` imports): with N loss points loaded, one
+  ``update()`` that folds in a poll's worth of new events plus a forced loss
+  redraw (``render(force_plot=True)``).
+
+``profile(fn)`` runs pyinstrument over one call, when it is installed.
+"""
+
+from __future__ import annotations
+
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from workbench import rundir
+from workbench.events import EventReader, EventWriter
+from workbench.spec import load_spec
+
+REPLICAS = 3
+
+
+def step_fields(step: int, replica: int) -> dict:
+    return dict(step=step, loss=2.5 - step * 1e-4, committed=True, participating=True, participants=REPLICAS,
+                quorum_id=7, step_time_s=0.0123456, tokens_per_s=20734.2, batch_seed=[0, step - 1, replica])
+
+
+def make_run(root: Path, points: int) -> Path:
+    """A run directory holding ``points`` step events (loss points) over 3 replicas."""
+    spec = load_spec("demo", {"faults": [], "steps": points // REPLICAS + 1, "run_root": str(root)})
+    run_dir = rundir.create(root, rundir.new_run_id("bench"), spec.to_dict())
+    writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="bench", replica=r, attempt=0) for r in range(REPLICAS)]
+    for w in writers:
+        w.emit("start", trainer="torchft-lite", role="replica", world_size=1)
+    for i in range(points):
+        r = i % REPLICAS
+        writers[r].emit("step", **step_fields(i // REPLICAS + 1, r))
+    for w in writers:
+        w.close()
+    return run_dir
+
+
+def reader_rate(run_dir: Path, reps: int) -> dict:
+    times, n = [], 0
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        n = len(EventReader(run_dir).poll())
+        times.append(time.perf_counter() - t0)
+    return {"events": n, "reps": reps, "median_s": statistics.median(times), "events_per_s": n / statistics.median(times)}
+
+
+def writer_cost(tmp: Path, n: int = 20000) -> dict:
+    import torch
+
+    from workbench.trainers.torchft_lite import build_model, weights_checksum
+
+    w = EventWriter(tmp, "writer-bench", run="bench", replica=0, attempt=0)
+    samples = []
+    for chunk in range(5):
+        t0 = time.perf_counter()
+        for i in range(n // 5):
+            w.emit("step", **step_fields(i, 0))
+        samples.append((time.perf_counter() - t0) / (n // 5))
+    w.close()
+    spec = load_spec("demo")
+    torch.manual_seed(0)
+    model = build_model(spec.model.model_dump())
+    cs = []
+    for _ in range(20):
+        t0 = time.perf_counter()
+        weights_checksum(model)
+        cs.append(time.perf_counter() - t0)
+    return {"emit_s": statistics.median(samples), "checksum_s": statistics.median(cs),
+            "checksum_every": spec.checksum_every}
+
+
+def dashboard_update(root: Path, points: int, reps: int) -> Optional[dict]:
+    try:
+        from workbench.widgets import Dashboard
+    except Exception as e:  # another engineer's module; absent or broken means skipped, said so
+        return {"skipped": f"{type(e).__name__}: {e}"}
+    run_dir = make_run(root, points)
+    t0 = time.perf_counter()
+    dash = Dashboard(run_dir, start=False)
+    cold = time.perf_counter() - t0
+    writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="bench", replica=r, attempt=0) for r in range(REPLICAS)]
+    step = points // REPLICAS + 1
+    times = []
+    for _ in range(reps):
+        for r, w in enumerate(writers):
+            for k in range(5):
+                w.emit("step", **step_fields(step + k, r))
+        step += 5
+        t0 = time.perf_counter()
+        dash.update()
+        dash.render(force_plot=True)
+        times.append(time.perf_counter() - t0)
+    return {"points": points, "cold_s": cold, "update_s": statistics.median(times), "update_max_s": max(times),
+            "_dash": dash}
+
+
+def profile(fn: Callable[[], object], path: Path) -> Optional[str]:
+    """pyinstrument's text tree of one call of ``fn``, also written to ``path``; None without it."""
+    try:
+        from pyinstrument import Profiler
+    except ImportError:
+        return None
+    p = Profiler(interval=0.0005)
+    p.start()
+    fn()
+    p.stop()
+    text = p.output_text(unicode=False, color=False, show_all=False)
+    path.write_text(text)
+    return text
+
+
+def run_all(quick: bool, img_dir: Path, step_time_s: Optional[float], log=print) -> dict:
+    out: dict = {}
+    reps = 3 if quick else 5
+    with tempfile.TemporaryDirectory(prefix="wb-bench-") as tmp:
+        root = Path(tmp)
+        n = 50_000 if quick else 200_000
+        log(f"reader: writing {n} events")
+        run_dir = make_run(root, n)
+        out["reader"] = reader_rate(run_dir, reps)
+        log(f"  reader: {out['reader']['events_per_s']:,.0f} events/s")
+        out["reader"]["profile"] = profile(lambda: EventReader(run_dir).poll(), img_dir / "profile-reader.txt")
+        out["reader"]["alternatives"] = reader_alternatives(run_dir)
+        out["writer"] = writer_cost(root)
+        if step_time_s:
+            w = out["writer"]
+            w["step_time_s"] = step_time_s
+            w["emit_share"] = w["emit_s"] / step_time_s
+            w["checksum_share"] = w["checksum_s"] / w["checksum_every"] / step_time_s
+            w["overhead"] = w["emit_share"] + w["checksum_share"]
+        log(f"  writer: emit {out['writer']['emit_s'] * 1e6:.1f} µs, checksum {out['writer']['checksum_s'] * 1e3:.2f} ms")
+        out["dashboard"] = []
+        for points in (1_000, 10_000, 100_000):
+            d = dashboard_update(root / f"dash-{points}", points, reps)
+            if d is None or "skipped" in d:
+                out["dashboard"].append(d)
+                break
+            dash = d.pop("_dash")
+            if points == 100_000:
+                d["profile"] = profile(lambda: (dash.update(), dash.render(force_plot=True)),
+                                       img_dir / "profile-dashboard-100k.txt")
+            out["dashboard"].append(d)
+            log(f"  dashboard {points}: update {d['update_s'] * 1e3:.1f} ms (cold {d['cold_s']:.2f} s)")
+    return out
+
+
+def reader_alternatives(run_dir: Path) -> dict:
+    """What would move the reader: the same bytes parsed per line vs as one JSON array, and the sort."""
+    import json
+
+    data = [p.read_bytes() for p in sorted((run_dir / "events").glob("*.jsonl"))]
+    out = {}
+    t0 = time.perf_counter()
+    events = [json.loads(line) for d in data for line in d.splitlines() if line.strip()]
+    out["per_line_json_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    for d in data:
+        json.loads(b"[" + d.rstrip(b"\n").replace(b"\n", b",") + b"]")
+    out["one_array_json_s"] = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    events.sort(key=lambda e: e.get("t", 0.0))
+    out["sort_s"] = time.perf_counter() - t0
+    out["events"] = len(events)
+    return out
