@@ -69,3 +69,12 @@ def test_writer_survives_its_run_dir_vanishing(tmp_path, caplog):
     assert w.emit("step", step=1) is None
     assert w.emit("step", step=2) is None
     assert any("not writable" in r.message for r in caplog.records)
+
+
+def test_a_diverged_loss_is_kept(tmp_path):
+    w = EventWriter(tmp_path, "replica-0.attempt-0", replica=0)
+    w.emit("step", step=1, loss=float("nan"))
+    w.emit("step", step=2, loss=float("inf"))
+    events = EventReader(tmp_path).poll()
+    assert [e["step"] for e in events] == [1, 2]
+    assert events[0]["loss"] != events[0]["loss"] and events[1]["loss"] == float("inf")

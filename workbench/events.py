@@ -31,6 +31,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
+import orjson
 import pandas as pd
 
 log = logging.getLogger(__name__)
@@ -158,10 +159,13 @@ class EventReader:
             if not line.strip():
                 continue
             try:
-                event = json.loads(line)
-            except ValueError:
-                self.skipped_lines += 1
-                continue
+                event = orjson.loads(line)
+            except orjson.JSONDecodeError:
+                try:  # NaN/Infinity (a diverged loss) are Python's JSON, not orjson's
+                    event = json.loads(line)
+                except ValueError:
+                    self.skipped_lines += 1
+                    continue
             if isinstance(event, dict) and "kind" in event:
                 yield event
             else:
