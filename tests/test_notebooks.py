@@ -20,21 +20,25 @@ def execute(name: str, run_root: Path, timeout: int = 600):
     try:
         client.execute()
     finally:
-        for run_dir in run_root.glob("*/") if run_root.exists() else []:
-            run = attach(run_dir)
+        for run_json in run_root.glob("*/run.json") if run_root.exists() else []:
+            run = attach(run_json.parent)
             if run.state() not in ("completed", "failed", "stopped"):
                 run.stop(timeout=20)
             kill_pids(run.pids())
     return nb
 
 
-@pytest.mark.slow
-def test_quickstart_runs_headless(run_root):
-    nb = execute("01_quickstart.ipynb", run_root)
-    outputs = "".join(
+def output_text(nb) -> str:
+    return "".join(
         o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
         for c in nb.cells if c.cell_type == "code" for o in c.outputs
     )
+
+
+@pytest.mark.slow
+def test_quickstart_runs_headless(run_root):
+    nb = execute("01_quickstart.ipynb", run_root)
+    outputs = output_text(nb)
     assert "'survivor_steps_lost': 0" in outputs
     (run_dir,) = list(run_root.iterdir())
     assert attach(run_dir).summary()["heals"] >= 1
@@ -43,10 +47,7 @@ def test_quickstart_runs_headless(run_root):
 @pytest.mark.slow
 def test_teaching_notebook_runs_headless(run_root):
     nb = execute("02_kill_and_recover.ipynb", run_root)
-    outputs = "".join(
-        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
-        for c in nb.cells if c.cell_type == "code" for o in c.outputs
-    )
+    outputs = output_text(nb)
     assert "replica 1 is back" in outputs and "'survivor_steps_lost': 0" in outputs
     assert "'stopped'" in outputs
 
@@ -58,10 +59,7 @@ def test_teaching_notebook_runs_headless(run_root):
 def test_maxtext_restart_notebook_runs_headless(run_root, monkeypatch):
     monkeypatch.setenv("WORKBENCH_JAX_CACHE", str(run_root.parent / "jax-cache"))
     nb = execute("03_maxtext_restart.ipynb", run_root, timeout=1200)
-    outputs = "".join(
-        o.get("text", "") + str(o.get("data", {}).get("text/plain", ""))
-        for c in nb.cells if c.cell_type == "code" for o in c.outputs
-    )
+    outputs = output_text(nb)
     assert "checkpoint-restart" in outputs and "elastic" in outputs
     runs = [attach(d) for d in run_root.iterdir() if d.is_dir() and (d / "run.json").exists()]
     mx = next(r for r in runs if r.spec.trainer == "maxtext")

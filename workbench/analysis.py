@@ -122,6 +122,15 @@ def replica_states(events: list[dict], replicas: int) -> dict[int, dict]:
     return out
 
 
+def counts(events: list[dict]) -> dict:
+    """Faults injected (a hang's resume is not one), restarts and heals."""
+    return {
+        "faults": sum(1 for e in events if e.get("kind") == "fault" and e.get("action") != "resume"),
+        "restarts": sum(1 for e in events if e.get("kind") == "restart"),
+        "heals": sum(1 for e in events if e.get("kind") == "heal"),
+    }
+
+
 def status(events: list[dict], spec) -> dict:
     return {
         "state": run_state(events),
@@ -129,9 +138,7 @@ def status(events: list[dict], spec) -> dict:
         "cluster": spec.cluster,
         "steps_target": spec.steps,
         "step": max_committed_step(events),
-        "faults": sum(1 for e in events if e.get("kind") == "fault" and e.get("action") != "resume"),
-        "restarts": sum(1 for e in events if e.get("kind") == "restart"),
-        "heals": sum(1 for e in events if e.get("kind") == "heal"),
+        **counts(events),
         "replicas": {str(k): v for k, v in replica_states(events, spec.replicas).items()},
     }
 
@@ -234,9 +241,7 @@ def summary(events: list[dict], spec) -> dict:
         "replicas": spec.replicas,
         "steps_target": spec.steps,
         "steps_completed": max_committed_step(events),
-        "faults": sum(1 for e in events if e.get("kind") == "fault" and e.get("action") != "resume"),
-        "restarts": sum(1 for e in events if e.get("kind") == "restart"),
-        "heals": sum(1 for e in events if e.get("kind") == "heal"),
+        **counts(events),
         "survivor_steps_lost": lost,
         "survivor_steps_discarded": discarded,
         "steps_redone": int(pd.to_numeric(timeline["steps_lost"], errors="coerce").fillna(0).sum()) if len(timeline) else 0,

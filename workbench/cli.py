@@ -45,15 +45,22 @@ def cmd_demo(args) -> int:
     return 0 if summary["state"] == "completed" else 1
 
 
+def _follow(handle, detach: bool) -> bool:
+    """Wait for a run or sweep unless detached; Ctrl-C stops it. True if it was waited for."""
+    if detach:
+        return False
+    try:
+        handle.wait()
+    except KeyboardInterrupt:
+        handle.stop()
+    return True
+
+
 def cmd_submit(args) -> int:
     run = submit(args.config, args.overrides)
     print(run.run_dir, flush=True)
-    if args.detach:
+    if not _follow(run, args.detach):
         return 0
-    try:
-        run.wait()
-    except KeyboardInterrupt:
-        run.stop()
     summary = run.summary()
     _print_summary(summary)
     return 0 if summary["state"] == "completed" else 1
@@ -159,12 +166,8 @@ def cmd_sweep(args) -> int:
         raise SpecError("sweep: no key with several values; give e.g. lighthouse.heartbeat_timeout_ms=500,1000,5000")
     sw = sweep(args.config, fixed, grid=grid, max_parallel=args.max_parallel)
     print(sw.sweep_dir, flush=True)
-    if args.detach:
+    if not _follow(sw, args.detach):
         return 0
-    try:
-        sw.wait()
-    except KeyboardInterrupt:
-        sw.stop()
     table = sw.table()
     print(table.drop(columns=["run_dir"], errors="ignore").to_string(index=False))
     return 0 if (table["state"] == "completed").all() else 1
