@@ -229,12 +229,14 @@ def run(ctx: JobContext) -> None:
     tokens = m["batch_size"] * m["seq_len"]
     emit_steps = spec.get("write_events", True)
     reason = "completed"
+    loop_t0, iterations = time.perf_counter(), 0
     try:
         while manager.current_step() < steps:
             if stop_reason:
                 reason = stop_reason[0]
                 break
             t0 = time.perf_counter()
+            iterations += 1
             optimizer.zero_grad()
             step_before = manager.current_step()
             x, y = make_batch(spec["seed"], step_before, ctx.replica, m["batch_size"], m["seq_len"], m["vocab_size"])
@@ -261,7 +263,10 @@ def run(ctx: JobContext) -> None:
         raise
     finally:
         beat.stop()
-    writer.emit("exit", reason=reason, step=manager.current_step(), weights=weights_checksum(model))
+    writer.emit(
+        "exit", reason=reason, step=manager.current_step(), weights=weights_checksum(model),
+        loop_seconds=time.perf_counter() - loop_t0, iterations=iterations,
+    )
     manager.shutdown(wait=False)
     writer.close()
     if reason != "completed":
