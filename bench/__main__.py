@@ -19,7 +19,7 @@ import warnings
 from pathlib import Path
 
 from . import machine, pipeline, recovery, report, sessions
-from .sessions import TORCHFT, TORCHFT_NO_EVENTS, ddp_restart
+from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -57,6 +57,10 @@ def main(argv: list[str] | None = None) -> int:
             v = TORCHFT.kills(cfg["recovery_every_s"], cfg["recovery_window_s"], targets=[1, 2])
             print(f"[kill recovery] {v.name}, {cfg['recovery_window_s']:g} s window")
             kill_runs.append(sessions.run_variant(v, cfg["recovery_window_s"] + 5, root))
+        spare_window, spare_every = cfg["recovery_window_s"] or 40.0, cfg["recovery_every_s"] or 12.5
+        v = TORCHFT_SPARE.kills(spare_every, spare_window, targets=[1, 2])
+        print(f"[kill recovery, hot spare] {v.name}, {spare_window:g} s window")
+        spare_runs = [sessions.run_variant(v, spare_window + 5, root)]
         every, window = cfg["kill_every_s"], cfg["kill_window_s"]
         faulted = sessions.interleaved(
             [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])], 1, window, root)
@@ -65,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     results = {
         "machine": info,
         "recoveries": recovery.kill_recoveries(torchft_faulted),
+        "spare_recoveries": recovery.kill_recoveries(spare_runs),
         "restart_recoveries": recovery.kill_recoveries([r for r in faulted if r.spec.trainer == "ddp-restart"]),
         "survivors": recovery.survivor_steps(torchft_faulted),
         "throughput": recovery.throughputs(clean + faulted),

@@ -65,8 +65,12 @@ def targets(res: dict) -> pd.DataFrame:
         lost == 0 if lost is not None else None)
     kp = rec["kill_to_participating_s"].dropna()
     add("kill → replacement participating (fresh process)", "≤ 4 s",
-        f"median {_f(kp.median())} s, max {_f(kp.max())} s" if len(kp) else "–", bool(len(kp)) and kp.median() <= 4.0,
-        "hot spare: (lead)")
+        f"median {_f(kp.median())} s, max {_f(kp.max())} s" if len(kp) else "–", bool(len(kp)) and kp.median() <= 4.0)
+    sp = res.get("spare_recoveries")
+    kps = sp["kill_to_participating_s"].dropna() if sp is not None and len(sp) else []
+    add("kill → replacement participating (hot spare, `spares: 1`)", "≤ 1 s",
+        f"median {_f(kps.median())} s, max {_f(kps.max())} s ({len(kps)} kills)" if len(kps) else "–",
+        bool(len(kps)) and kps.median() <= 1.0, "includes the lighthouse's 1 s heartbeat timeout")
     r = ratio_of_medians(clean, "steady_rate", "torchft-lite", "ddp-restart")
     add("torchft fault-free overhead vs plain DDP", "≤ 10 %", f"{_f((1 - r) * 100, '{:.1f}')} %" if r else "–",
         (1 - r) <= 0.10 if r else None, "steady-state samples/s, same model/batch/replicas, torchft async quorum on")
@@ -181,10 +185,14 @@ def write(res: dict, out: Path, img: Path) -> None:
         "",
         "## 1–2. Kill recovery (torchft-lite, 3 replica groups, fresh replacement process)",
         "",
-        "One row per kill (`analysis.fault_recoveries`, `analysis.recovery_timeline`; seconds after the kill). "
-        "The hot-spare column is for the lead to fill.",
+        "One row per kill (`analysis.fault_recoveries`, `analysis.recovery_timeline`; seconds after the kill).",
         "",
-        table(res["recoveries"].drop(columns=["run_dir"]).assign(hot_spare_participating_s=None)),
+        table(res["recoveries"].drop(columns=["run_dir"])),
+        "",
+        "The same kills with a hot spare (`spares: 1`): the replacement was imported, built and warmed up before "
+        "the kill, so it only has to be assigned, join the quorum and heal.",
+        "",
+        table(res["spare_recoveries"].drop(columns=["run_dir"])) if len(res.get("spare_recoveries", [])) else "(no spare run)",
         "",
         table(res["survivors"]),
         "",

@@ -41,6 +41,7 @@ class Variant:
 
 
 TORCHFT = Variant("torchft-lite", {"trainer": "torchft-lite"})
+TORCHFT_SPARE = Variant("torchft-lite spares=1", {"trainer": "torchft-lite", "spares": 1})
 TORCHFT_NO_EVENTS = Variant("torchft-lite write_events=false", {"trainer": "torchft-lite", "write_events": False})
 
 
