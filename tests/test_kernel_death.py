@@ -26,6 +26,10 @@ def test_kernel_killed_mid_run_then_attach_kill_and_stop(run_root, tmp_path):
                     f"open({str(out)!r}, 'w').write(str(run.run_dir))\n"
                     "run.wait_for_step(30, timeout=240)")
         os.kill(km.provisioner.pid, signal.SIGKILL)  # the kernel dies without a chance to clean up
+    except BaseException:
+        if out.exists():  # the run outlives its kernel by design: stop it here
+            wb.attach(out.read_text()).stop()
+        raise
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)  # reaps it (and kills it, should the test have failed before)

@@ -9,10 +9,13 @@ pytestmark = pytest.mark.slow
 
 
 def test_short_soak_holds_every_invariant(start_run):
-    run = start_run("demo", soak_spec(faults=12, mtbf_s=3.0, seed=6, cluster="local", steps=1100))
+    run = start_run("demo", soak_spec(faults=12, mtbf_s=5.0, seed=6, cluster="local", steps=1500))
     actions = {f.action for f in run.spec.faults}
     assert {"kill", "hang", "lighthouse_kill"} <= actions, actions
     run.wait(timeout=900)
     result = check_invariants(run)
     assert result["faults"] == 12
-    assert result["invariants_hold"], result
+    broken = {k: v for k, v in result.items() if k in (
+        "state", "survivor_crashes", "duplicate_committed_steps", "steps_going_back", "final_weights_distinct",
+        "restores_of_non_durable_checkpoints", "timeline_incomplete")}
+    assert result["invariants_hold"], broken

@@ -323,14 +323,23 @@ def recovery_timeline(events: list[dict]) -> pd.DataFrame:
             row["steps_lost"] = None
         # A group that comes back behind its peers must heal; a hung one that was still the
         # furthest ahead (its peers died meanwhile) carries on from its own next step.
-        back = [e for e in mine if e["kind"] == "step" and e.get("committed") and e.get("participating", True)]
+        back = [e for e in mine if e["kind"] == "step" and e.get("committed") and e.get("participating", True)
+                and new_attempt(e)]
         carried_on = f["action"] == "hang" and bool(back) and back[0].get("step") == last_before + 1
-        required = ["replacement_started", "participating"] + ([] if carried_on else ["heal_done"])
+        # With every peer down too (overlapping faults), there is no one to heal from: the group
+        # restarts from scratch. That recovery completes, but it is a loss, and is flagged.
+        lone = bool(back) and not heals and not any(
+            e["kind"] == "step" and e.get("committed") and e["t"] <= back[0]["t"] for e in others
+            if e["t"] >= tf + (0 if np.isnan(row["replacement_started"]) else row["replacement_started"])
+        )
+        row["from_scratch"] = bool(lone and f["action"] != "hang")
+        required = ["replacement_started", "participating"] + ([] if carried_on or lone else ["heal_done"])
         if any(e.get("kind") == "quorum" for e in evs):
             required += ["detected", "quorum_without_victim"]
         row["complete"] = bool(all(not np.isnan(row[k]) for k in required))
         rows.append(row)
-    cols = ["t", "action", "target", "origin", *MILESTONES, "heal_seconds", "heal_bytes", "steps_lost", "complete"]
+    cols = ["t", "action", "target", "origin", *MILESTONES, "heal_seconds", "heal_bytes", "steps_lost", "from_scratch",
+            "complete"]
     return pd.DataFrame(rows, columns=cols)
 
 
@@ -344,7 +353,7 @@ def _lighthouse_recovery(f: dict, evs: list[dict]) -> dict:
 
     row = dict.fromkeys(MILESTONES, np.nan)
     row.update(t=tf, action=f["action"], target="lighthouse", origin=f.get("origin"),
-               heal_seconds=None, heal_bytes=None, steps_lost=0)
+               heal_seconds=None, heal_bytes=None, steps_lost=0, from_scratch=False)
     row["detected"] = first(lambda e: e["kind"] == "lighthouse" and e.get("state") == "down")
     row["replacement_started"] = first(lambda e: e["kind"] == "lighthouse" and e.get("state") == "up")
     up = tf + row["replacement_started"] if not np.isnan(row["replacement_started"]) else float("inf")

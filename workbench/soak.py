@@ -18,6 +18,11 @@ Invariants, each computed from events only:
   a ``durable`` checkpoint event recorded (torchft-lite heals from live peers'
   memory, so it has none to check);
 - every fault has a complete recovery-timeline row.
+
+Also counted, not an invariant: ``restarts_from_scratch``, kills that found
+every peer down as well (overlapping faults), so the replacement had no one
+to heal from. Elastic training without checkpoints loses its state then;
+hot spares (``spares: 1`` here) shorten recoveries and so these overlaps.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ def check_invariants(run: Run) -> dict:
         "restores_of_non_durable_checkpoints": len(bad_restores),
         "timeline_rows": len(timeline),
         "timeline_incomplete": int((~timeline["complete"]).sum()) if len(timeline) else 0,
+        "restarts_from_scratch": int(timeline["from_scratch"].fillna(False).sum()) if len(timeline) else 0,
         "survivor_steps_lost": analysis.survivor_steps(events)[0],
     }
     result["invariants_hold"] = (
@@ -86,6 +92,7 @@ def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int) -
         "min_replicas": 1,
         "steps": steps,
         "model": {"step_delay_s": 0.02},
+        "spares": 1,
         "relaunch_delay_s": 0.0,
         "max_restarts": 10 * faults,
         "chaos": {"mtbf_s": mtbf_s, "seed": seed, "actions": actions, "max_faults": faults,
@@ -96,7 +103,7 @@ def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int) -
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.soak", description=__doc__.splitlines()[0])
     p.add_argument("--faults", type=int, default=50)
-    p.add_argument("--mtbf", type=float, default=4.0, help="mean seconds between faults")
+    p.add_argument("--mtbf", type=float, default=6.0, help="mean seconds between faults")
     p.add_argument("--seed", type=int, default=1)
     p.add_argument("--cluster", choices=("local", "slurm"), default="local")
     p.add_argument("--steps", type=int, default=None, help="default: long enough for every fault to land")
