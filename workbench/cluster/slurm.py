@@ -42,14 +42,14 @@ controller's newest ``submit`` event names its ``job_id``, the trainer's
 
 | action | what happens |
 |---|---|
-| ``kill`` | ``scancel --signal=KILL --full JOB``: the job dies mid-step, as on a hardware fault (\*) |
+| ``kill`` | ``scancel --signal=KILL --full JOB``: the job dies mid-step, as on a hardware fault [1] |
 | ``hang`` | ``scancel --signal=STOP JOB``, then ``--signal=CONT`` after ``seconds`` |
 | ``preempt`` | ``scancel --signal=USR2 JOB`` (submitit's preemption signal): the trainer ends its step, exits |
 | ``node_down`` | ``scontrol update NodeName=N State=DOWN``: fails the jobs on it; RESUME after ``seconds`` |
 | ``slurmd_kill`` | dev cluster only: SIGKILL to the node's slurmd (devcluster's PID); restarted after ``seconds`` |
 | ``lighthouse_kill`` | SIGKILL to the lighthouse on the submit host, as locally |
 
-(\*) A plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption.
+[1] A plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption.
 
 Resuming (CONT, RESUME, slurmd restart) is done by a detached helper
 process, so it happens even if the notebook
