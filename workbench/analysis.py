@@ -396,8 +396,8 @@ def goodput(events: list[dict], spec) -> dict:
 
     Time-based breakdown, each in full-rate seconds (replica-seconds / groups):
     every replica group's time in [first, last committed step] is split into
-    productive steps, ``stall`` (a step that took longer than normal around a
-    fault), ``discarded`` (steps voted down, and the step in flight when it
+    productive steps, ``stall`` (steps slower than normal between a fault and
+    the quorum that formed without its victim), ``discarded`` (steps voted down, and the step in flight when it
     died), ``heal`` (the step it healed in), ``missing`` (no process: fault →
     replacement start), ``restart`` (start → first step: imports, model,
     quorum), ``startup`` (joined after the run began), ``checkpoint``, and
@@ -442,6 +442,9 @@ def goodput(events: list[dict], spec) -> dict:
     n = spec.replicas if spec.trainer != "maxtext" else 1
     normal = n * batch / R if R > 0 else median_step
     fault_ts = np.array([e["t"] for e in events if e.get("kind") == "fault"])
+    # A survivor's stall lasts until the quorum without the victim has formed (and a step or two).
+    formed = timeline["quorum_without_victim"].dropna() if len(timeline) else pd.Series(dtype=float)
+    stall_window = (float(formed.max()) if len(formed) else 5.0) + 2 * median_step
     ckpt_s = sum(float(e.get("seconds") or 0) for e in events if e.get("kind") == "checkpoint")
 
     parts = {k: 0.0 for k in BADPUT_PARTS}
@@ -483,7 +486,7 @@ def goodput(events: list[dict], spec) -> dict:
                     parts["heal"] += dt
                 else:
                     productive += normal
-                    near_fault = fault_ts.size and np.any((fault_ts >= prev_t - normal) & (fault_ts <= t))
+                    near_fault = fault_ts.size and np.any((fault_ts <= t) & (t <= fault_ts + stall_window))
                     parts["stall" if near_fault else "other"] += dt - normal
             prev_t, prev_attempt = t, row.attempt
     moved = min(max(parts["other"], 0.0), ckpt_s)
