@@ -159,6 +159,7 @@ class DashboardState:
         self.participants: Optional[int] = None
         self.quorum_history: list[dict] = []
         self.checkpoints: dict[int, dict] = {}
+        self._checkpoint_servers: dict[str, int] = {}  # a heal's source address -> its replica
         self.heals: list[dict] = []
         self.tail: collections.deque = collections.deque(maxlen=tail)
         self.run_state: Optional[str] = None
@@ -233,6 +234,8 @@ class DashboardState:
             tile.hosts.append(host)
 
     def _on_phase(self, e: dict, t: float) -> None:
+        if e.get("checkpoint_address"):
+            self._checkpoint_servers[e["checkpoint_address"]] = e.get("replica")
         tile = self._own(e)
         if tile is not None:
             tile.last_seen = t
@@ -322,6 +325,8 @@ class DashboardState:
             tile.state = "healing"
             tile.last_seen = t
         source = e.get("from_replica")
+        if source is None and e.get("from_address") in self._checkpoint_servers:
+            source = f"replica {self._checkpoint_servers[e['from_address']]}"
         if source is None:
             source = e.get("from_address")
         self.heals.append(
