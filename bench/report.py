@@ -146,7 +146,28 @@ def figures(res: dict, img: Path) -> dict[str, str]:
 
 def _save(fig, path: Path) -> str:
     fig.write_html(path, **FIG_KW)
+    _png(fig, path.with_suffix(".png"))
     return path.name
+
+
+def _png(fig, path: Path) -> None:
+    """A PNG beside the HTML for the README: headless chromium screenshots a self-contained page."""
+    import shutil
+    import subprocess
+    import tempfile
+
+    browser = shutil.which("chromium")
+    if browser is None:
+        return
+    with tempfile.TemporaryDirectory() as tmp:
+        page = Path(tmp) / "fig.html"
+        fig.write_html(page, include_plotlyjs=True, full_html=True, default_width=900, default_height=420)
+        subprocess.run(
+            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
+             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp}/profile",
+             "--window-size=920,440", "--hide-scrollbars", f"--screenshot={path.resolve()}", page.as_uri()],
+            capture_output=True, timeout=60,
+        )
 
 
 def jsonable(res: dict) -> dict:
@@ -249,6 +270,7 @@ def write(res: dict, out: Path, img: Path) -> None:
         ]
         if "breakeven" in figs:
             lines.append(f"- Figure: [throughput vs MTBF](img/{figs['breakeven']})")
+            lines += ["", "![Useful throughput vs MTBF, elastic and checkpoint-restart](img/bench-breakeven.png)"]
     else:
         lines.append(f"not computed: {b.get('error') if b else 'no faulted runs of both kinds'}")
     wab = res["writer_ab"]
