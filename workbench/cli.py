@@ -27,7 +27,9 @@ def _print_summary(summary: dict) -> None:
     print(f"  survivor steps lost   {summary['survivor_steps_lost']}   (discarded attempts: {summary['survivor_steps_discarded']})")
     print(f"  survivor stall        {fmt(summary['survivor_stall_s'], ' s')} beyond a normal step")
     print(f"  kill -> rejoin        {fmt(summary['kill_to_rejoin_s'], ' s')}")
-    print(f"  heal transfer         {fmt(summary['heal_seconds'], ' s')}, {fmt(summary['heal_bytes'])} bytes")
+    heal_bytes = summary["heal_bytes"]
+    print(f"  heal transfer         {fmt(summary['heal_seconds'], ' s')}, "
+          f"{'n/a' if heal_bytes is None else f'{heal_bytes / 1e6:.2f} MB'}")
     print(f"  submit -> first step  {fmt(summary['submit_to_first_step_s'], ' s')}")
 
 
