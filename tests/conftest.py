@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -56,3 +57,26 @@ def workbench_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
         [sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})}, cwd=REPO,
     )
+
+
+@contextlib.contextmanager
+def local_slurm(state_dir: Path):
+    """The real local Slurm (workbench.cluster.devcluster) for one test module; down, and every
+    daemon it recorded killed by PID, also on failure."""
+    import psutil
+
+    from workbench.cluster import devcluster
+
+    env = pytest.MonkeyPatch()
+    try:
+        info = devcluster.up(state_dir)
+        env.setenv("SLURM_CONF", info["env"]["SLURM_CONF"])
+        yield info
+    finally:
+        env.undo()
+        state = devcluster._read_state(devcluster.Layout(state_dir)) or {"daemons": {}}
+        pids = [d["pid"] for d in state["daemons"].values()]
+        devcluster.down(state_dir)
+        for pid in pids:
+            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
+                os.kill(pid, signal.SIGKILL)

@@ -17,6 +17,8 @@ import pytest
 
 from workbench.cluster import devcluster
 
+from .conftest import local_slurm
+
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.skipif(
@@ -29,22 +31,10 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state_dir = tmp_path_factory.mktemp("slurm")
-    env = pytest.MonkeyPatch()
-    try:
-        t0 = time.monotonic()
-        info = devcluster.up(state_dir)
+    t0 = time.monotonic()
+    with local_slurm(tmp_path_factory.mktemp("slurm")) as info:
         print(f"\nup() from nothing: {time.monotonic() - t0:.1f}s")
-        env.setenv("SLURM_CONF", info["env"]["SLURM_CONF"])
         yield info
-    finally:
-        env.undo()
-        pids = [d["pid"] for d in (devcluster._read_state(devcluster.Layout(state_dir)) or {"daemons": {}})
-                ["daemons"].values()]
-        devcluster.down(state_dir)
-        for pid in pids:
-            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                os.kill(pid, 9)
 
 
 def slurm(*argv: str) -> subprocess.CompletedProcess:

@@ -21,7 +21,7 @@ from workbench import analysis
 from workbench.cluster import devcluster, slurm
 from workbench.spec import SpecError
 
-from .conftest import REPO, kill_pids
+from .conftest import REPO, kill_pids, local_slurm
 
 pytestmark = [
     pytest.mark.slurm,
@@ -39,20 +39,8 @@ BASE = ["cluster=slurm", "steps=100000", "faults=[]", "model.step_delay_s=0.05"]
 
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
-    state_dir = tmp_path_factory.mktemp("slurm")
-    env = pytest.MonkeyPatch()
-    try:
-        info = devcluster.up(state_dir)
-        env.setenv("SLURM_CONF", info["env"]["SLURM_CONF"])
+    with local_slurm(tmp_path_factory.mktemp("slurm")) as info:
         yield info
-    finally:
-        env.undo()
-        pids = [d["pid"] for d in (devcluster._read_state(devcluster.Layout(state_dir)) or {"daemons": {}})
-                ["daemons"].values()]
-        devcluster.down(state_dir)
-        for pid in pids:
-            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                os.kill(pid, 9)
 
 
 @pytest.fixture
