@@ -276,7 +276,9 @@ class DashboardState:
     def _on_step(self, e: dict, t: float) -> None:
         tile = self._tile(e.get("replica"))
         loss = e.get("loss")
-        if tile is not None and isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss):
+        # A healing step's loss is its forward on the weights it had before the heal: not plotted.
+        if (tile is not None and isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)
+                and e.get("participating") is not False):
             self.loss[tile.replica].append(t, float(e.get("step") or 0), float(loss), int(e.get("attempt") or 0))
         committed = bool(e.get("committed", True))
         if committed and e.get("step") is not None:
