@@ -123,6 +123,18 @@ def write_json_text(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+def dir_bytes(path) -> int:
+    """Bytes on disk under ``path`` (a checkpoint's size); files that vanish meanwhile count 0."""
+    total = 0
+    for root, _, files in os.walk(path):
+        for name in files:
+            try:
+                total += os.path.getsize(os.path.join(root, name))
+            except OSError:
+                pass
+    return total
+
+
 def read_record(run_dir: str | os.PathLike) -> dict:
     path = Path(run_dir) / RUN_JSON
     try:

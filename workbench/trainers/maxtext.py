@@ -64,6 +64,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from ..rundir import dir_bytes
 from .base import JobContext
 
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
@@ -261,14 +262,7 @@ def _checkpoint_facts(path: Path) -> tuple[Optional[float], int]:
             seconds = (meta["commit_timestamp_nsecs"] - meta["init_timestamp_nsecs"]) / 1e9
     except (OSError, ValueError):
         pass
-    size = 0
-    for root, _, files in os.walk(path):
-        for name in files:
-            try:
-                size += os.path.getsize(os.path.join(root, name))
-            except OSError:
-                pass
-    return seconds, size
+    return seconds, dir_bytes(path)
 
 
 class _Console:

@@ -73,6 +73,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from ..events import EventWriter, TorchftLogHandler
+from ..rundir import dir_bytes
 from .base import JobContext
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
@@ -287,17 +288,6 @@ def _received_model(state: dict) -> Optional[dict]:
     return None
 
 
-def _dir_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for f in files:
-            try:
-                total += os.path.getsize(os.path.join(root, f))
-            except OSError:
-                pass
-    return total
-
-
 class _Heartbeat(threading.Thread):
     def __init__(self, writer: EventWriter, period: float) -> None:
         super().__init__(daemon=True, name="workbench-heartbeat")
@@ -383,7 +373,7 @@ class TitanEvents:
             if saved:
                 path = checkpointer._create_checkpoint_id(curr_step)
                 hooks.emit("checkpoint", step=curr_step, path=path, seconds=time.perf_counter() - t0,
-                           bytes=_dir_bytes(path), durable=True)
+                           bytes=dir_bytes(path), durable=True)
             return saved
 
         FaultTolerantTrainer.__init__ = __init__
