@@ -33,7 +33,7 @@ from typing import Any, Optional
 
 from . import faults, rundir
 from .cluster import make_cluster
-from .events import EventReader, EventWriter
+from .events import EventReader, EventWriter, read_all
 from .lighthouse import Lighthouse
 from .spec import Spec
 from .trainers import ELASTIC, JobContext, job_entrypoint, quorum_epochs
@@ -333,9 +333,10 @@ class Controller:
                     self.writer.emit("warning", message=f"hang action failed: {e}")
 
     def _shutdown(self) -> None:
+        events = read_all(self.run_dir)  # the whole log once, for the PIDs of every process to stop
         for slot in self.slots.values():
             if slot.state in ("running",) and slot.job is not None and not self.cluster.is_done(slot.job):
-                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt)
+                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt, events=events)
                 if pid:
                     _signal(pid, signal.SIGTERM)
         deadline = time.time() + 10
@@ -345,23 +346,19 @@ class Controller:
             while not self.cluster.is_done(slot.job) and time.time() < deadline:
                 time.sleep(POLL_S)
             if not self.cluster.is_done(slot.job):
-                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt)
+                events = read_all(self.run_dir)  # it may have started since
+                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt, events=events)
                 if pid:
                     _signal(pid, signal.SIGKILL)
                 self.cluster.cancel(slot.job)
+        spare_pids = {e.get("spare"): e.get("pid") for e in events if e.get("kind") == "start" and "spare" in e}
         for spare_id, job in self.spares.items():
-            pid = next((e.get("pid") for e in self.reader_all() if e.get("kind") == "start" and e.get("spare") == spare_id), None)
-            if pid:
-                _signal(pid, signal.SIGKILL)
+            if spare_pids.get(spare_id):
+                _signal(spare_pids[spare_id], signal.SIGKILL)
             self.cluster.cancel(job)
         if self.lighthouse:
             self.lighthouse.stop()
             self.writer.emit("lighthouse", state="down", address=self.lighthouse.address, pid=self.lighthouse.pid)
-
-    def reader_all(self) -> list[dict]:
-        from .events import read_all
-
-        return read_all(self.run_dir)
 
 
 def _signal(pid: int, sig: int) -> None:
