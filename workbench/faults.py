@@ -108,8 +108,12 @@ def inject(
     origin: str = "api",
     seconds: Optional[float] = None,
     writer: Optional[EventWriter] = None,
+    events: Optional[list] = None,
 ) -> dict:
-    """Inject one fault and record it. Raises FaultError (nothing done) on bad input."""
+    """Inject one fault and record it. Raises FaultError (nothing done) on bad input.
+
+    ``events``: the run's events if the caller already holds them (a ``Run`` does); else they are read.
+    """
     run_dir = Path(run_dir)
     allowed = actions_for(run_dir)
     if action not in allowed:
@@ -117,7 +121,7 @@ def inject(
     if origin not in ORIGINS:
         raise FaultError(f"origin: {origin!r}; allowed: {', '.join(ORIGINS)}")
     writer = writer or _control_writer(run_dir)
-    events = EventReader(run_dir).poll()
+    events = events if events is not None else EventReader(run_dir).poll()
     if _cluster(run_dir) == "slurm":
         from .cluster import slurm
 

@@ -114,10 +114,10 @@ class Run:
             replica = 0 if self.spec.replicas == 1 or self.spec.trainer not in ELASTIC else None
         if replica is not None and not 0 <= replica < self.spec.replicas:
             raise faults.FaultError(f"replica: {replica} out of range; allowed: 0..{self.spec.replicas - 1}")
-        return faults.inject(self.run_dir, action, replica, origin=origin, seconds=seconds)
+        return faults.inject(self.run_dir, action, replica, origin=origin, seconds=seconds, events=self.event_records())
 
     def fault(self, action: str, target: Optional[int] = None, origin: str = "api", seconds: Optional[float] = None) -> dict:
-        return faults.inject(self.run_dir, action, target, origin=origin, seconds=seconds)
+        return faults.inject(self.run_dir, action, target, origin=origin, seconds=seconds, events=self.event_records())
 
     def stop(self, timeout: float = 30.0) -> dict:
         """Stop the run: the controller stops every job and the lighthouse.
