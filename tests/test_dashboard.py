@@ -300,19 +300,18 @@ def real_run(start_run, run_root):
 
 
 def test_kill_button_kills_the_replica_of_a_real_run(real_run):
-    from workbench import faults
-
     d = real_run.dashboard()
     try:
         wait_until(lambda: d.state.tiles[1].state == "participating" and (d.state.tiles[1].step or 0) >= 3,
                    timeout=120, poll=0.2, what="replica 1 to commit steps")
-        pid = faults.replica_pid(real_run.run_dir, 1)
-        assert pid is not None
+        proc = real_run.run_state.replicas[1].live_proc()
+        assert proc is not None and proc.alive()
+        pid = proc.pid
         d.replica_picker.value = 1
         d.action_picker.value = "kill"
         d.inject_button.click()
         assert "kill" in d.fault_status.value and str(pid) in d.fault_status.value
-        wait_until(lambda: not faults._alive(pid), timeout=10, what=f"pid {pid} to die")
+        wait_until(lambda: not proc.alive(), timeout=10, what=f"pid {pid} to die")
         fault_events = real_run.events("fault")
         assert ((fault_events["origin"] == "button") & (fault_events["action"] == "kill")
                 & (fault_events["target"] == 1)).any()

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from workbench import analysis
-from workbench.faults import _alive
+from workbench.procs import alive as _alive
 
 from .conftest import workbench_cli
 

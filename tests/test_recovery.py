@@ -57,7 +57,7 @@ def test_goodput_of_a_fault_free_run_is_one_and_kill_badput_adds_up(start_run):
 def test_a_sigstopped_replica_is_detected_as_hung_within_the_window(start_run):
     run = start_run("demo", {"faults": [], "steps": 100000, "replicas": 2, "min_replicas": 1,
                              "hang.timeout_s": 2.0})
-    run.wait_for_step(30, timeout=180)
+    run.wait_for_step(30, replica=1, timeout=180)  # the group to hang must have committed (under load it starts late)
     fault = run.kill(replica=1, how="hang", seconds=8)
     run.wait_for(lambda r: any(e["kind"] == "hang" and e.get("target") == 1 for e in r._events), timeout=30)
     hang = next(e for e in run._events if e["kind"] == "hang" and e.get("target") == 1)

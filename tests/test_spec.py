@@ -17,12 +17,13 @@ from workbench.spec import load_spec, preflight
         (["replicas=0"], "replicas", "greater than or equal to 1"),
         (["replicas=2", "min_replicas=3"], "min_replicas", "<= replicas"),
         (["trainer=pytorch-lightning"], "trainer", "'torchft-lite', 'titan', 'maxtext' or 'ddp-restart'"),
-        (["cluster=k8s"], "cluster", "'local' or 'slurm'"),
+        (["cluster=k8s"], "cluster", "allowed: local, slurm"),
         (["steps=-5"], "steps", "greater than or equal to 1"),
         (["model.dim=30", "model.heads=4"], "model", "multiple of heads"),
         (["relaunch=sometimes"], "relaunch", "'auto' or 'off'"),
         (["faults=[{action: kill, target: 7, at_step: 3}]"], "faults", "< replicas"),
-        (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "'kill'"),
+        (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "allowed: kill, hang, preempt"),
+        (["faults=[{action: node_down, at_step: 3}]"], "faults[0].action", "not a fault on cluster local; allowed: kill, hang, preempt, lighthouse_kill"),
     ],
 )
 def test_bad_spec_names_field_and_allowed_values(overrides, field, allowed):

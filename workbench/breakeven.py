@@ -39,7 +39,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from . import analysis
+from . import analysis, faultkinds
 from .trainers import ELASTIC
 
 
@@ -102,12 +102,9 @@ def throughput(events: list[dict], spec) -> dict:
 
 
 def replica_faults(events: list[dict]) -> list[dict]:
-    """Faults that took a replica group or rank down (kill, preempt, node loss)."""
-    return [
-        e for e in events
-        if e.get("kind") == "fault" and isinstance(e.get("target"), int)
-        and e.get("action") in ("kill", "preempt", "node_down", "slurmd_kill")
-    ]
+    """Faults that took a replica group or rank down (the kinds that end a process)."""
+    ending = faultkinds.ending_kinds()
+    return [e for e in events if e.get("kind") == "fault" and isinstance(e.get("target"), int) and e.get("action") in ending]
 
 
 def restart_seconds(events: list[dict]) -> list[float]:

@@ -11,8 +11,10 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from . import faultkinds
 from .faults import FaultError
-from .run import TERMINAL, attach, submit
+from .run import KILL_ALIASES, attach, submit
+from .runstate import TERMINAL
 from .spec import SpecError, load_spec, preflight
 
 
@@ -82,7 +84,8 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(st))
     else:
-        print(f"{run.id}: {st['state']}  step {st['step']}/{st['steps_target']}  faults {st['faults']}  restarts {st['restarts']}")
+        print(f"{run.id}: {st['state']}  step {st['step']}/{st['steps_target']}  faults {st['faults']}  restarts {st['restarts']}"
+              + (f"  bad event lines {st['bad_lines']}" if st["bad_lines"] else ""))
         for r, s in st["replicas"].items():
             print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}")
     return 0
@@ -270,11 +273,14 @@ def build_parser() -> argparse.ArgumentParser:
             s.add_argument("--csv", action="store_true")
         s.set_defaults(fn=fn)
 
-    s = sub.add_parser("kill", help="inject a fault into a replica group")
+    s = sub.add_parser("kill", help="inject a fault into a replica group (or the lighthouse)")
     s.add_argument("run")
     s.add_argument("--replica", type=int, default=None)
-    s.add_argument("--how", choices=("sigkill", "hang", "preempt"), default="sigkill")
-    s.add_argument("--seconds", type=float, default=5.0, help="hang duration")
+    s.add_argument("--how", choices=(*faultkinds.names(), *KILL_ALIASES), default="kill", metavar="KIND",
+                   help="a fault kind the run's backend injects: "
+                        + "; ".join(f"{k.name} ({', '.join(k.backends) + ' only, ' if k.backends else ''}{k.summary})"
+                                    for k in faultkinds.KINDS.values()))
+    s.add_argument("--seconds", type=float, default=None, help="how long a fault that lasts lasts (a hang: 5 s)")
     s.set_defaults(fn=cmd_kill)
 
     s = sub.add_parser("report", help="write a self-contained HTML report into a run (or sweep) directory")

@@ -14,7 +14,9 @@ its own session, so the run outlives the notebook kernel that started it. It:
 - writes ``run_end`` with the final state when no replica group is left.
 
 It learns everything about the jobs from the event log, like any other
-reader, and writes its own decisions to ``events/controller.jsonl``. Once one
+reader: one reader, folded into the same ``RunState`` a ``Run`` keeps, which
+names each group's current process for faults and stop. It writes its own
+decisions to ``events/controller.jsonl``. Once one
 group has completed the target step, a dead group is not relaunched (it would
 find no live peer to heal from and train alone from scratch).
 """
@@ -31,10 +33,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from . import faults, rundir
+from . import faults, procs, rundir
 from .cluster import make_cluster
-from .events import EventReader, EventWriter, read_all
+from .events import EventReader, EventWriter
 from .lighthouse import Lighthouse
+from .runstate import RunState
 from .spec import Spec
 from .trainers import ELASTIC, JobContext, job_entrypoint, quorum_epochs
 
@@ -59,7 +62,7 @@ class Controller:
     def __init__(self, run_dir: Path) -> None:
         self.run_dir = Path(run_dir)
         record = rundir.read_record(self.run_dir)
-        self.run_id = record["run_id"]
+        self.run_id = self.id = record["run_id"]
         self.spec = Spec.model_validate(record["spec"])
         self.writer = EventWriter(self.run_dir, "controller", run=self.run_id)
         self.reader = EventReader(self.run_dir)
@@ -68,6 +71,7 @@ class Controller:
         self.lighthouse: Optional[Lighthouse] = None
         self.lighthouse_down_t: Optional[float] = None
         self.slots = {r: ReplicaSlot(r) for r in range(self.spec.replicas if self.elastic else 1)}
+        self.run_state = RunState(len(self.slots), self.spec.steps)
         self.exits: dict[tuple[int, int], dict] = {}
         self.max_step = 0
         self.stopping = False
@@ -91,7 +95,7 @@ class Controller:
                 self.lighthouse = Lighthouse(self.spec, self.run_dir / "lighthouse", self.cluster.lighthouse_host)
                 self._write_lighthouse_epoch()
                 self.lighthouse.start()
-                self.writer.emit("lighthouse", state="up", address=self.lighthouse.address, pid=self.lighthouse.pid)
+                self._lighthouse_event("up")
             for slot in self.slots.values():
                 self._launch(slot)
             for _ in range(self.spec.spares if self.elastic else 0):
@@ -111,7 +115,7 @@ class Controller:
 
     def _loop(self) -> tuple[str, str]:
         while True:
-            self._observe(self.reader.poll())
+            self._poll()
             if self.stopping:
                 return "stopped", "stop requested"
             self._supervise_lighthouse()
@@ -127,7 +131,7 @@ class Controller:
                         self._launch_spare()
             for slot in self.slots.values():
                 if slot.state == "running" and self.cluster.is_done(slot.job):
-                    self._observe(self.reader.poll())
+                    self._poll()
                     self._job_ended(slot)
                 elif slot.state == "relaunch_wait" and now >= slot.relaunch_at:
                     self._launch(slot)
@@ -230,12 +234,18 @@ class Controller:
         self._launch_spare()
 
     def _stop_job(self, slot: ReplicaSlot, reason: str) -> None:
-        pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt)
-        if pid:
-            _signal(pid, signal.SIGTERM)
+        self._signal_attempt(slot, signal.SIGTERM)
         self.cluster.cancel(slot.job)
         slot.state = "stopped"
         self.writer.emit("warning", replica=slot.replica, message=f"stopped attempt {slot.attempt}: {reason}")
+
+    def _poll(self) -> None:
+        self._observe(self.run_state.apply(self.reader.poll()))
+
+    def _signal_attempt(self, slot: ReplicaSlot, sig: int) -> None:
+        proc = self.run_state.replicas[slot.replica].live_proc(slot.attempt)
+        if proc is not None:
+            proc.signal(sig)
 
     def _observe(self, events: list[dict]) -> None:
         for e in events:
@@ -265,13 +275,18 @@ class Controller:
             return
         if self.lighthouse_down_t is None:
             self.lighthouse_down_t = time.time()
-            self.writer.emit("lighthouse", state="down", address=lh.address, pid=lh.pid, returncode=lh.proc.returncode)
+            self._lighthouse_event("down", returncode=lh.proc.returncode)
         if time.time() < self.lighthouse_down_t + self.spec.lighthouse.restart_delay_s:
             return
         self._write_lighthouse_epoch()
         lh.start()
         self.lighthouse_down_t = None
-        self.writer.emit("lighthouse", state="up", address=lh.address, pid=lh.pid, restarted=True)
+        self._lighthouse_event("up", restarted=True)
+
+    def _lighthouse_event(self, state: str, **fields: Any) -> None:
+        lh = self.lighthouse
+        identity = procs.identity(lh.pid) if state == "up" else {"pid": lh.pid}
+        self.writer.emit("lighthouse", state=state, address=lh.address, **identity, **fields)
 
     def _write_lighthouse_epoch(self) -> None:
         """Before each (re)start: see trainers/quorum_epochs.py for why replicas need it."""
@@ -291,7 +306,7 @@ class Controller:
                 continue
             target = f.target if f.target is not None else len(self.slots) - 1
             try:
-                faults.inject(self.run_dir, f.action, target, origin="schedule", seconds=f.seconds, writer=self.writer)
+                faults.inject(self, f.action, target, origin="schedule", seconds=f.seconds, writer=self.writer)
             except faults.FaultError as e:
                 first_try = self.deferred_until.setdefault(-1 - i, now)
                 if now - first_try < 60:
@@ -328,17 +343,15 @@ class Controller:
             )
             if self.spec.hang.action == "kill":
                 try:
-                    faults.inject(self.run_dir, "kill", slot.replica, origin="watchdog", writer=self.writer)
+                    faults.inject(self, "kill", slot.replica, origin="watchdog", writer=self.writer)
                 except faults.FaultError as e:
                     self.writer.emit("warning", message=f"hang action failed: {e}")
 
     def _shutdown(self) -> None:
-        events = read_all(self.run_dir)  # the whole log once, for the PIDs of every process to stop
+        self._poll()
         for slot in self.slots.values():
             if slot.state in ("running",) and slot.job is not None and not self.cluster.is_done(slot.job):
-                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt, events=events)
-                if pid:
-                    _signal(pid, signal.SIGTERM)
+                self._signal_attempt(slot, signal.SIGTERM)
         deadline = time.time() + 10
         for slot in self.slots.values():
             if slot.job is None:
@@ -346,26 +359,17 @@ class Controller:
             while not self.cluster.is_done(slot.job) and time.time() < deadline:
                 time.sleep(POLL_S)
             if not self.cluster.is_done(slot.job):
-                events = read_all(self.run_dir)  # it may have started since
-                pid = faults.replica_pid(self.run_dir, slot.replica, attempt=slot.attempt, events=events)
-                if pid:
-                    _signal(pid, signal.SIGKILL)
+                self._poll()  # it may have started since
+                self._signal_attempt(slot, signal.SIGKILL)
                 self.cluster.cancel(slot.job)
-        spare_pids = {e.get("spare"): e.get("pid") for e in events if e.get("kind") == "start" and "spare" in e}
         for spare_id, job in self.spares.items():
-            if spare_pids.get(spare_id):
-                _signal(spare_pids[spare_id], signal.SIGKILL)
+            proc = self.run_state.spares.get(spare_id)
+            if proc is not None:
+                proc.signal(signal.SIGKILL)
             self.cluster.cancel(job)
         if self.lighthouse:
             self.lighthouse.stop()
-            self.writer.emit("lighthouse", state="down", address=self.lighthouse.address, pid=self.lighthouse.pid)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass
+            self._lighthouse_event("down")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -17,7 +17,12 @@ Writers never stop training: if the run directory disappears or the disk is
 full, :class:`EventWriter` logs one warning and drops events from then on.
 
 Every event has ``t`` (unix seconds), ``kind``, ``run``, ``replica`` (or
-``None``), ``attempt``, ``host``, ``pid``. ``docs/events.md`` lists the kinds.
+``None``), ``attempt``, ``host``, ``pid``; a ``start`` event also has
+``pid_start``, the process's start time, which proves later that a PID is
+still that process (``workbench.procs``). ``docs/events.md`` lists the kinds.
+A line whose ``t`` is not a number, or that is not an object with a ``kind``,
+is skipped and counted (``skipped_lines``) like a torn one: no line of any
+file stops a reader.
 """
 
 from __future__ import annotations
@@ -32,7 +37,6 @@ from pathlib import Path
 from typing import Any, Iterable, Iterator
 
 import orjson
-import pandas as pd
 
 log = logging.getLogger(__name__)
 
@@ -84,6 +88,10 @@ class EventWriter:
 
     def emit(self, kind: str, **fields: Any) -> dict | None:
         event = {"t": time.time(), "kind": kind, **self.fields, "pid": os.getpid(), **fields}
+        if kind == "start" and "pid_start" not in fields and event["pid"] == os.getpid():
+            from .procs import start_time
+
+            event["pid_start"] = start_time(os.getpid())
         line = json.dumps(event, default=_json_default, allow_nan=True) + "\n"
         with self._lock:
             if self._broken:
@@ -166,7 +174,7 @@ class EventReader:
                 except ValueError:
                     self.skipped_lines += 1
                     continue
-            if isinstance(event, dict) and "kind" in event:
+            if isinstance(event, dict) and "kind" in event and isinstance(event.get("t", 0.0), (int, float)):
                 yield event
             else:
                 self.skipped_lines += 1
@@ -176,7 +184,9 @@ def read_all(run_dir: str | os.PathLike) -> list[dict]:
     return EventReader(run_dir).poll()
 
 
-def to_frame(events: Iterable[dict]) -> pd.DataFrame:
+def to_frame(events: Iterable[dict]):
+    import pandas as pd
+
     df = pd.DataFrame(list(events))
     if df.empty:
         return pd.DataFrame(columns=["t", "kind", "run", "replica", "attempt", "host", "pid"])

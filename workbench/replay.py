@@ -20,13 +20,12 @@ from __future__ import annotations
 import os
 from typing import Union
 
-from . import rundir
+from . import faultkinds, rundir
 from .run import Run, submit
 from .spec import SpecError, load_spec
 
 REPLAY_JSON = "replay.json"
 MANUAL_ORIGINS = ("api", "cli", "button")
-REPLAYABLE = ("kill", "hang", "preempt", "lighthouse_kill", "node_down", "slurmd_kill")
 
 
 def replay_name(name: str) -> str:
@@ -40,12 +39,13 @@ def hand_injected_faults(run: Run) -> list[dict]:
 
     out = []
     for f in fault_steps(run).itertuples():
-        if f.origin not in MANUAL_ORIGINS or f.action not in REPLAYABLE:
+        kind = faultkinds.kind(f.action)
+        if f.origin not in MANUAL_ORIGINS or kind is None:
             continue
         fault = {"action": f.action, "at_step": int(f.step)}
-        if f.action != "lighthouse_kill":
+        if kind.targets == "replica":
             fault["target"] = int(f.target)
-        if f.action == "hang" and f.seconds is not None:
+        if kind.has_duration and f.seconds is not None and f.seconds == f.seconds:
             fault["seconds"] = float(f.seconds)
         out.append(fault)
     return out

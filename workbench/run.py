@@ -1,11 +1,14 @@
 """``Run``: a notebook's handle on one run, built from its directory alone.
 
-A Run reads the event log incrementally (new bytes only) and turns it into
-pandas views. It holds no connection to the jobs, so a kernel that attaches
-to a running or finished run (``workbench.attach(run_dir)``) sees exactly what
-the kernel that submitted it saw. Control (kill, hang, stop) goes through
-signals to PIDs recorded in the events: the fault menu and the run
-controller.
+A Run holds one :class:`~workbench.events.EventReader` (new bytes only) and
+one :class:`~workbench.runstate.RunState` fold of what it read; ``state()``,
+``status()``, faults and ``stop()`` answer from the fold, and the pandas
+views from the events it holds. It holds no connection to the jobs, so a
+kernel that attaches to a running or finished run (``workbench.attach``) sees
+exactly what the kernel that submitted it saw. A dashboard subscribes to the
+Run (``run.run_state.subscribe``) instead of reading the log a second time.
+Control goes through the run's backend (``Cluster.inject``), each signal
+only to a process whose recorded identity still matches.
 """
 
 from __future__ import annotations
@@ -14,6 +17,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 import warnings
 from pathlib import Path
@@ -21,11 +25,13 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from . import analysis, cluster, faults, rundir, schedule
+from . import analysis, cluster, faultkinds, faults, rundir, schedule
 from .events import EventReader, EventWriter, to_frame
+from .runstate import TERMINAL, RunState
 from .spec import Spec, SpecError, load_spec, preflight
+from .trainers import ELASTIC
 
-TERMINAL = ("completed", "failed", "stopped")
+KILL_ALIASES = {"sigkill": "kill"}
 
 
 class Run:
@@ -37,19 +43,36 @@ class Run:
         self.spec: Spec = Spec.model_validate(record["spec"])
         self._reader = EventReader(self.run_dir)
         self._events: list[dict] = []
+        self._lock = threading.RLock()
+        self.run_state = RunState(group_count(self.spec), self.spec.steps)
         self._controller = _controller
+        self._cluster: Optional[cluster.Cluster] = None
 
     def __repr__(self) -> str:
         return f"Run({self.id!r}, state={self.state()!r})"
 
+    @property
+    def cluster(self) -> cluster.Cluster:
+        """The run's backend (for faults and stop; the controller submits the jobs)."""
+        if self._cluster is None:
+            self._cluster = cluster.make_cluster(self.spec, self.run_dir)
+        return self._cluster
+
     # -- reading -------------------------------------------------------------
     def refresh(self) -> list[dict]:
-        """Read what was appended since the last call; returns the new events."""
-        new = self._reader.poll()
-        self._events.extend(new)
+        """Read what was appended since the last call, fold it in; returns the new events."""
+        with self._lock:
+            new = self._reader.poll()
+            self._events.extend(new)
+            self.run_state.apply(new)
         if self._controller is not None:
             self._controller.poll()  # reap the controller once it exits
         return new
+
+    @property
+    def bad_lines(self) -> int:
+        """Complete lines of the event log that were not events (skipped, counted)."""
+        return self._reader.skipped_lines
 
     def events(self, kind: Optional[str] = None) -> pd.DataFrame:
         self.refresh()
@@ -68,11 +91,17 @@ class Run:
 
     def state(self) -> str:
         self.refresh()
-        return analysis.run_state(self._events)
+        return self.run_state.state
 
     def status(self) -> dict:
         self.refresh()
-        return analysis.status(self._events, self.spec)
+        st = self.run_state
+        return {
+            "state": st.state, "trainer": self.spec.trainer, "cluster": self.spec.cluster,
+            "steps_target": self.spec.steps, "step": st.max_committed, **st.counts(),
+            "bad_lines": self.bad_lines,
+            "replicas": {str(r): v.as_dict() for r, v in sorted(st.replicas.items())},
+        }
 
     def summary(self) -> dict:
         """The headline figures of the run: steps, faults, stall, kill→rejoin."""
@@ -103,60 +132,53 @@ class Run:
         return self.status()
 
     # -- control -------------------------------------------------------------
-    def kill(self, replica: Optional[int] = None, how: str = "sigkill", seconds: float = 5.0, origin: str = "api") -> dict:
-        """Kill (``how="sigkill"``), hang (``"hang"``, for ``seconds``) or preempt a replica group."""
-        action = {"sigkill": "kill", "kill": "kill", "hang": "hang", "preempt": "preempt"}.get(how)
-        if action is None:
-            raise faults.FaultError(f"how: {how!r}; allowed: sigkill, hang, preempt")
-        if replica is None:
-            from .trainers import ELASTIC
+    def fault_kinds(self) -> list[str]:
+        """The fault kinds this run's backend injects."""
+        return faults.actions_for(self)
 
-            replica = 0 if self.spec.replicas == 1 or self.spec.trainer not in ELASTIC else None
-        if replica is not None and not 0 <= replica < self.spec.replicas:
-            raise faults.FaultError(f"replica: {replica} out of range; allowed: 0..{self.spec.replicas - 1}")
-        return faults.inject(self.run_dir, action, replica, origin=origin, seconds=seconds, events=self.event_records())
+    def kill(self, replica: Optional[int] = None, how: str = "kill", seconds: Optional[float] = None,
+             origin: str = "api") -> dict:
+        """Inject fault kind ``how`` (any of :meth:`fault_kinds`; ``"sigkill"`` is ``"kill"``) into a
+        replica group; ``seconds`` for kinds that last (a hang)."""
+        action = KILL_ALIASES.get(how, how)
+        kind = faultkinds.kind(action)
+        if kind is None or not kind.supported_on(self.spec.cluster):
+            raise faults.FaultError(f"how: {how!r}; allowed: {', '.join(self.fault_kinds())}")
+        if replica is None and kind.targets == "replica":
+            replica = 0 if self.run_state.groups == 1 or self.spec.trainer not in ELASTIC else None
+        return self.fault(action, replica, origin=origin, seconds=seconds)
 
     def fault(self, action: str, target: Optional[int] = None, origin: str = "api", seconds: Optional[float] = None) -> dict:
-        return faults.inject(self.run_dir, action, target, origin=origin, seconds=seconds, events=self.event_records())
+        self.refresh()
+        return faults.inject(self, action, target, origin=origin, seconds=seconds)
 
     def stop(self, timeout: float = 30.0) -> dict:
         """Stop the run: the controller stops every job and the lighthouse.
 
-        If the controller is gone, every process the run recorded is killed
-        directly and the run is marked stopped.
+        If the controller is gone, the backend ends every process and job the
+        run recorded (``Cluster.stop_all``) and the run is marked stopped.
         """
         self.refresh()
         if self.state() in TERMINAL:
             return self.status()
-        pid = analysis.controller_pid(self._events)
-        if pid and faults._alive(pid):
-            os.kill(pid, signal.SIGTERM)
+        ctl = self.run_state.controller
+        if ctl is not None and ctl.signal(signal.SIGTERM):
             try:
                 self.wait_for(lambda r: r.state() in TERMINAL and not r.pids(), timeout)
                 return self.status()
             except TimeoutError:
-                os.kill(pid, signal.SIGKILL)
-        if self.spec.cluster == "slurm":
-            from .cluster import slurm
-
-            job_ids = sorted({str(e["job_id"]) for e in self._events if e["kind"] == "submit"})
-            if job_ids:
-                slurm.slurm_cmd(slurm._conf_of(self.run_dir), "scancel", *job_ids)
-        for p in analysis.all_pids(self._events):
-            if faults._alive(p):
-                try:
-                    os.kill(p, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
+                ctl.signal(signal.SIGKILL)
+        skipped = self.cluster.stop_all(self.run_state)
         EventWriter(self.run_dir, f"control-{os.getpid()}", run=self.id).emit(
-            "run_end", state="stopped", reason="controller unreachable; processes killed"
+            "run_end", state="stopped", reason="controller unreachable; processes killed",
+            not_signalled=skipped or None,
         )
         return self.status()
 
     def pids(self) -> list[int]:
         """Every process this run recorded (controller, lighthouse, jobs) that is still alive."""
         self.refresh()
-        return [p for p in analysis.all_pids(self._events) if faults._alive(p)]
+        return [p.pid for p in self.run_state.live_processes()]
 
     def wait_exited(self, timeout: float = 30.0) -> "Run":
         """After the run ended: wait until every process it recorded has exited."""
@@ -166,6 +188,11 @@ class Run:
         from .widgets import Dashboard
 
         return Dashboard(self, **kwargs)
+
+
+def group_count(spec: Spec) -> int:
+    """Replica groups the controller runs: ``replicas`` for elastic trainers, else one job."""
+    return spec.replicas if spec.trainer in ELASTIC else 1
 
 
 def submit(

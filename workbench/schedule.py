@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from . import faultkinds
 from .spec import FaultSpec, Spec
 
 
@@ -27,7 +28,7 @@ def draw(chaos, replicas: int) -> list[FaultSpec]:
         out.append(
             FaultSpec(
                 action=action,
-                target=None if action == "lighthouse_kill" else target,
+                target=target if faultkinds.KINDS[action].targets == "replica" else None,
                 at_s=round(float(t), 3),
                 seconds=chaos.hang_seconds,
             )

@@ -31,7 +31,7 @@ import argparse
 import json
 import sys
 
-from . import analysis
+from . import analysis, faultkinds
 from .run import Run, submit
 
 
@@ -83,8 +83,13 @@ def check_invariants(run: Run) -> dict:
     return result
 
 
+def soak_mix(cluster: str) -> list[str]:
+    """Every fault kind the backend injects, a replica kill twice as often as each other kind."""
+    return faultkinds.names(cluster) + ["kill"]
+
+
 def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int) -> dict:
-    actions = ["kill", "hang", "kill", "lighthouse_kill"] + (["node_down"] if cluster == "slurm" else [])
+    actions = soak_mix(cluster)
     return {
         "name": "soak",
         "cluster": cluster,

@@ -18,11 +18,12 @@ from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from . import faultkinds
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
 TRAINERS = ("torchft-lite", "titan", "maxtext", "ddp-restart")
-CLUSTERS = ("local", "slurm")
 
 
 class SpecError(ValueError):
@@ -90,11 +91,16 @@ class ModelSpec(_Section):
 class FaultSpec(_Section):
     """One scheduled fault: at a committed step, or ``at_s`` seconds after the first committed step."""
 
-    action: Literal["kill", "hang", "preempt", "lighthouse_kill", "node_down", "slurmd_kill"] = "kill"
+    action: str = "kill"
     target: Optional[int] = Field(None, ge=0)
     at_step: Optional[int] = Field(None, ge=0)
     at_s: Optional[float] = Field(None, ge=0)
     seconds: float = Field(5.0, gt=0, le=3600)
+
+    @field_validator("action")
+    @classmethod
+    def _kind(cls, v: str) -> str:
+        return _fault_kind(v)
 
     @model_validator(mode="after")
     def _when(self) -> "FaultSpec":
@@ -103,7 +109,18 @@ class FaultSpec(_Section):
         return self
 
 
-FAULT_ACTIONS = ("kill", "hang", "preempt", "lighthouse_kill", "node_down", "slurmd_kill")
+def _fault_kind(name: str) -> str:
+    if name not in faultkinds.KINDS:
+        raise ValueError(f"got {name!r}; allowed: {', '.join(faultkinds.names())}")
+    return name
+
+
+def _cluster_name(name: str) -> str:
+    from .cluster import backend_names
+
+    if name not in backend_names():
+        raise ValueError(f"got {name!r}; allowed: {', '.join(backend_names())}")
+    return name
 
 
 class ChaosSpec(_Section):
@@ -116,13 +133,16 @@ class ChaosSpec(_Section):
 
     mtbf_s: float = Field(..., gt=0, le=10_000_000)
     seed: int = Field(0, ge=0)
-    actions: list[Literal["kill", "hang", "preempt", "lighthouse_kill", "node_down", "slurmd_kill"]] = Field(
-        default_factory=lambda: ["kill"], min_length=1
-    )
+    actions: list[str] = Field(default_factory=lambda: ["kill"], min_length=1)
     targets: Optional[list[int]] = None
     start_s: float = Field(5.0, ge=0)
     max_faults: int = Field(10, ge=1, le=100_000)
     hang_seconds: float = Field(3.0, gt=0, le=3600)
+
+    @field_validator("actions")
+    @classmethod
+    def _kinds(cls, v: list[str]) -> list[str]:
+        return [_fault_kind(a) for a in v]
 
 
 class HangSpec(_Section):
@@ -178,7 +198,7 @@ class Spec(_Section):
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
     trainer: Literal["torchft-lite", "titan", "maxtext", "ddp-restart"] = "torchft-lite"
-    cluster: Literal["local", "slurm"] = "local"
+    cluster: str = "local"
     replicas: int = Field(3, ge=1, le=1024)
     min_replicas: int = Field(1, ge=1, le=1024)
     nproc_per_replica: int = Field(1, ge=1, le=64)
@@ -203,15 +223,27 @@ class Spec(_Section):
     titan: dict[str, Any] = Field(default_factory=dict)
     maxtext: dict[str, Any] = Field(default_factory=dict)
 
+    @field_validator("cluster")
+    @classmethod
+    def _backend(cls, v: str) -> str:
+        return _cluster_name(v)
+
     @model_validator(mode="after")
     def _cross_field(self) -> "Spec":
         if self.min_replicas > self.replicas:
             raise ValueError(
                 f"min_replicas ({self.min_replicas}) must be <= replicas ({self.replicas})"
             )
+        here = faultkinds.names(self.cluster)
         for i, f in enumerate(self.faults):
-            if f.target is not None and f.target >= self.replicas and f.action != "lighthouse_kill":
+            if f.action not in here:
+                raise ValueError(f"faults[{i}].action: {f.action} is not a fault on cluster {self.cluster}; "
+                                 f"allowed: {', '.join(here)}")
+            if f.target is not None and f.target >= self.replicas and faultkinds.KINDS[f.action].targets == "replica":
                 raise ValueError(f"faults[{i}].target ({f.target}) must be < replicas ({self.replicas})")
+        for a in self.chaos.actions if self.chaos else ():
+            if a not in here:
+                raise ValueError(f"chaos.actions: {a} is not a fault on cluster {self.cluster}; allowed: {', '.join(here)}")
         if self.spares and self.trainer != "torchft-lite":
             raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer torchft-lite only")
         if self.chaos and self.chaos.targets:

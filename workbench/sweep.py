@@ -53,7 +53,7 @@ import pandas as pd
 from . import analysis, rundir
 from .cluster import validate as cluster_validate
 from .events import EventReader, EventWriter
-from .faults import _alive
+from .procs import alive as _alive
 from .run import TERMINAL, Run, attach, submit
 from .spec import Spec, SpecError, load_spec, preflight
 

@@ -91,7 +91,7 @@ def notebook(lab):
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(lab.root / src.name, ARTIFACTS / f"saved-{src.name}")
     from workbench import attach
-    from workbench.faults import _alive
+    from workbench.procs import alive as _alive
 
     for run_json in lab.root.glob("**/run.json"):
         run = attach(run_json.parent)

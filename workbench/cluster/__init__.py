@@ -1,34 +1,43 @@
-"""Where jobs run. ``make_cluster(spec, run_dir)`` picks the backend the spec names.
+"""Where jobs run: a registry of backends, each a :class:`Cluster`.
 
-Backends are thin: they say how to start a job (a submitit executor), how to
-tell it ended, and how to cancel or signal it. Everything else (relaunch,
-faults, events) is the same for all of them.
+``BACKENDS`` maps the spec's ``cluster`` value to the class that implements
+it, as ``"module:Class"`` so that a backend's dependencies are imported only
+when a run uses it. Adding a backend is one entry here and one module that
+subclasses :class:`~workbench.cluster.base.Cluster`; nothing outside this
+package asks which backend a run uses.
 """
 
 from __future__ import annotations
 
+import importlib
 from pathlib import Path
 
-from .base import Cluster
-from .local import LocalCluster
+from .base import Cluster, FaultError
+
+BACKENDS: dict[str, str] = {
+    "local": "workbench.cluster.local:LocalCluster",
+    "slurm": "workbench.cluster.slurm:SlurmCluster",
+}
+
+
+def backend_names() -> tuple[str, ...]:
+    return tuple(BACKENDS)
+
+
+def backend_class(name: str) -> type[Cluster]:
+    if name not in BACKENDS:
+        raise ValueError(f"cluster: unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")
+    module, _, cls = BACKENDS[name].partition(":")
+    return getattr(importlib.import_module(module), cls)
 
 
 def make_cluster(spec, run_dir: Path) -> Cluster:
-    if spec.cluster == "local":
-        return LocalCluster(spec, run_dir)
-    if spec.cluster == "slurm":
-        from .slurm import SlurmCluster
-
-        return SlurmCluster(spec, run_dir)
-    raise ValueError(f"cluster: unknown backend {spec.cluster!r}; allowed: local, slurm")
+    return backend_class(spec.cluster)(spec, run_dir)
 
 
 def validate(spec) -> None:
     """The backend's pre-submit checks (``Cluster.validate``); raises SpecError."""
-    if spec.cluster == "slurm":
-        from .slurm import SlurmCluster
-
-        SlurmCluster.validate(spec)
+    backend_class(spec.cluster).validate(spec)
 
 
-__all__ = ["Cluster", "LocalCluster", "make_cluster", "validate"]
+__all__ = ["BACKENDS", "Cluster", "FaultError", "backend_class", "backend_names", "make_cluster", "validate"]

@@ -1,27 +1,57 @@
-"""The cluster interface, modelled on submitit's executors.
+"""The cluster interface: everything the rest of the package asks of a backend.
 
-A job is a submitit ``Job``; the cluster adds what the run controller needs on
-top: whether the job has ended, how to cancel it, and where the lighthouse
-should listen so that the jobs can reach it.
+A backend is modelled on submitit's executors, which it wraps: a job is a
+submitit ``Job``. On top of submitting, a backend owns what only it knows:
+
+- ``validate(spec)``: world-facing checks at submit (before anything starts);
+- ``submit`` / ``is_done`` / ``cancel``: one job per replica group attempt;
+- ``lighthouse_host``: where the lighthouse binds and the jobs dial;
+- ``loopback_only``: whether every listener of a run must be on 127.0.0.1;
+- ``inject(kind, view, ...)``: a fault of the table (``workbench.faultkinds``)
+  on a replica group, the way submitit's Slurm job owns its ``scancel
+  --signal``; ``undo`` finishes a timed fault from the detached helper;
+- ``stop_all(state)``: end every process and job of a run whose controller
+  is gone.
+
+The controller builds the executor lazily (``executor``): a ``Run`` in a
+notebook uses a backend only for faults and stop, and must not, say, set
+``SLURM_CONF`` in the kernel's environment.
 """
 
 from __future__ import annotations
 
 import abc
+import signal
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, ClassVar, Optional
 
 import submitit
 
+from .. import faultkinds
+from ..faultkinds import FaultKind
+
+
+class FaultError(ValueError):
+    """A fault that was not injected; nothing was done. The message names the field."""
+
 
 class Cluster(abc.ABC):
-    name: str = "base"
+    name: ClassVar[str] = "base"
+    loopback_only: ClassVar[bool] = False
+    preempt_signal: ClassVar[int] = signal.SIGTERM
 
     def __init__(self, spec, run_dir: Path) -> None:
         self.spec = spec
         self.run_dir = Path(run_dir)
         self.folder = self.run_dir / "jobs" / "%j"
-        self.executor = self._make_executor()
+        self._executor: Optional[submitit.Executor] = None
+
+    # -- jobs ----------------------------------------------------------------
+    @property
+    def executor(self) -> submitit.Executor:
+        if self._executor is None:
+            self._executor = self._make_executor()
+        return self._executor
 
     @abc.abstractmethod
     def _make_executor(self) -> submitit.Executor: ...
@@ -48,3 +78,32 @@ class Cluster(abc.ABC):
     def lighthouse_host(self) -> str:
         """The address the lighthouse binds to and the jobs dial."""
         return self.spec.lighthouse.bind_host
+
+    # -- faults --------------------------------------------------------------
+    @classmethod
+    def fault_kinds(cls) -> list[str]:
+        """The kinds of the table this backend injects (the CLI's and the dashboard's menu)."""
+        return faultkinds.names(cls.name)
+
+    def inject(self, kind: FaultKind, view, seconds: Optional[float], origin: str) -> dict:
+        """Inject ``kind`` on replica group ``view`` (a ``ReplicaView``); returns the ``fault``
+        event's fields. Raises FaultError, having done nothing, if it cannot."""
+        raise FaultError(f"action: {kind.name} is not a fault on cluster {self.name}; "
+                         f"allowed: {', '.join(self.fault_kinds())}")
+
+    def undo(self, payload: dict) -> dict:
+        """In the detached undo helper, after its primitive action: anything left to do
+        (restart a daemon); returns extra fields for the ``resume`` event."""
+        return {}
+
+    def stop_all(self, state) -> list[str]:
+        """The controller is gone: SIGKILL every live process the run recorded (identity
+        checked). Returns a line per process not signalled, and why."""
+        skipped = []
+        for proc in state.processes():
+            why = proc.why_not()
+            if why is None:
+                proc.signal(signal.SIGKILL)
+            elif "exited" not in why:
+                skipped.append(why)
+        return skipped

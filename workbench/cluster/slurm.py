@@ -34,56 +34,33 @@ at most every ``STATE_POLL_S``; sacct only for a job squeue no longer lists)
 and calls a job done only in a terminal state: pending, requeued, suspended
 or unknown jobs are alive.
 
-Faults (:func:`inject`)
------------------------
-A fault finds the replica group's current job in the event log: the
-controller's newest ``submit`` event names its ``job_id``, the trainer's
-``start`` event its ``node`` and ``pid``.
-
-| action | what happens |
-|---|---|
-| ``kill`` | ``scancel --signal=KILL --full JOB``: the job dies mid-step, as on a hardware fault [1] |
-| ``hang`` | ``scancel --signal=STOP JOB``, then ``--signal=CONT`` after ``seconds`` |
-| ``preempt`` | ``scancel --signal=USR2 JOB`` (submitit's preemption signal): the trainer ends its step, exits |
-| ``node_down`` | ``scontrol update NodeName=N State=DOWN``: fails the jobs on it; RESUME after ``seconds`` |
-| ``slurmd_kill`` | dev cluster only: SIGKILL to the node's slurmd (devcluster's PID); restarted after ``seconds`` |
-| ``lighthouse_kill`` | SIGKILL to the lighthouse on the submit host, as locally |
-
-[1] A plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption.
-
-Resuming (CONT, RESUME, slurmd restart) is done by a detached helper
-process, so it happens even if the notebook
-dies. Each fault is one ``fault`` event with ``target``, ``attempt``,
-``node``, ``job_id`` and ``origin``; its undo a ``fault`` event with
-``action="resume"`` and ``resumed`` (``hang``, ``node_down``,
-``slurmd_kill``; the target of a node's resume is the node's name).
+Faults
+------
+``slurm_faults.py``: each kind of the table (``workbench.faultkinds``) the
+way Slurm does it (``scancel --signal``, ``scontrol update``); validation at
+submit is ``slurm_validate.py``.
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import signal
 import subprocess
-import sys
 import time
 from pathlib import Path
 from typing import Any, Callable, Optional
 
 import submitit
 
-from ..spec import SpecError
 from .base import Cluster
 
-ACTIONS = ("kill", "hang", "preempt", "node_down", "slurmd_kill", "lighthouse_kill")
 STATE_POLL_S = 0.5
 TERMINAL_STATES = frozenset({
     "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
     "DEADLINE", "OUT_OF_MEMORY", "REVOKED",
 })
-DEFAULT_SECONDS = {"hang": 5.0, "node_down": 10.0, "slurmd_kill": 10.0}
 
 
 def resolve_conf(spec) -> Optional[str]:
@@ -131,19 +108,20 @@ def cluster_identity(conf: Optional[str]) -> str:
 
 class SlurmCluster(Cluster):
     name = "slurm"
+    preempt_signal = signal.SIGUSR2  # submitit's preemption signal
 
     def __init__(self, spec, run_dir: Path) -> None:
         from ..trainers import ELASTIC
 
         self.conf = resolve_conf(spec)
-        if self.conf:
-            os.environ["SLURM_CONF"] = self.conf  # the controller's own environment: submitit's sbatch/sacct/scancel
         self.elastic = spec.trainer in ELASTIC
         self._states: dict[str, str] = {}
         self._polled_at = 0.0
         super().__init__(spec, run_dir)
 
     def _make_executor(self) -> submitit.SlurmExecutor:
+        if self.conf:
+            os.environ["SLURM_CONF"] = self.conf  # the controller's own environment: submitit's sbatch/sacct/scancel
         self.folder = self.run_dir / "jobs" / cluster_identity(self.conf) / "%j"
         ex = submitit.SlurmExecutor(folder=self.folder)
         ex.update_parameters(**executor_parameters(self.spec, self.elastic))
@@ -152,6 +130,8 @@ class SlurmCluster(Cluster):
     @classmethod
     def validate(cls, spec) -> None:
         """Check the spec against the cluster (``sbatch --test-only``: nothing is queued) and pin ``slurm.conf``."""
+        from .slurm_validate import validate
+
         validate(spec)
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str) -> submitit.Job:
@@ -168,6 +148,23 @@ class SlurmCluster(Cluster):
 
     def cancel(self, job: submitit.Job) -> None:
         slurm_cmd(self.conf, "scancel", str(job.job_id))
+
+    def inject(self, kind, view, seconds, origin: str) -> dict:
+        from .slurm_faults import inject
+
+        return inject(self, kind, view, seconds, origin)
+
+    def undo(self, payload: dict) -> dict:
+        from .slurm_faults import undo
+
+        return undo(self, payload)
+
+    def stop_all(self, state) -> list[str]:
+        """Cancel every job the run submitted, then the processes on this host."""
+        job_ids = sorted({j for v in state.replicas.values() for j in v.jobs.values()})
+        if job_ids:
+            slurm_cmd(self.conf, "scancel", *job_ids)
+        return super().stop_all(state)
 
     def _poll_states(self) -> None:
         self._polled_at = time.monotonic()
@@ -221,247 +218,3 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
     return params
 
 
-# --- validation --------------------------------------------------------------
-
-
-def validate(spec) -> None:
-    """Raise SpecError, naming the field, when the cluster would refuse or misrun this spec.
-
-    Pins ``spec.slurm.conf``. Uses ``sbatch --test-only`` with the same
-    options submitit would use, which checks partition, account, qos, time
-    and node counts without queueing anything.
-    """
-    from ..trainers import ELASTIC
-
-    conf = resolve_conf(spec)
-    if conf and not Path(conf).is_file():
-        raise SpecError(f"slurm.conf: {conf!r} does not exist")
-    where = f"SLURM_CONF={conf}" if conf else "the default slurm.conf"
-    ping = slurm_cmd(conf, "scontrol", "ping", timeout=20)
-    if ping.returncode != 0 or "UP" not in ping.stdout:
-        hint = " (start the local one with `workbench cluster up`)" if not conf else ""
-        raise SpecError(f"cluster: slurm: no Slurm controller answers ({where}){hint}: "
-                        f"{(ping.stderr or ping.stdout).strip()}")
-    elastic = spec.trainer in ELASTIC
-    s = spec.slurm
-    if spec.trainer == "torchft-lite" and s.nodes * s.tasks_per_node != 1:
-        raise SpecError(f"slurm.nodes x slurm.tasks_per_node: torchft-lite runs one process per replica group; "
-                        f"got {s.nodes} x {s.tasks_per_node}, allowed: 1 x 1")
-    if elastic and s.requeue:
-        raise SpecError("slurm.requeue: replica groups are resubmitted by the controller as the next attempt "
-                        "(a Slurm requeue would re-run the same attempt); allowed: false")
-    if elastic and spec.lighthouse.bind_host in ("0.0.0.0", "::", ""):
-        raise SpecError(f"lighthouse.bind_host: {spec.lighthouse.bind_host!r} is not an address jobs can dial; "
-                        "give the submit host's address on the cluster network (127.0.0.1 for the dev cluster)")
-    if s.partition:
-        listed = slurm_cmd(conf, "sinfo", "-h", "-o", "%R")
-        partitions = sorted(set(listed.stdout.split()))
-        if listed.returncode == 0 and s.partition not in partitions:
-            raise SpecError(f"slurm.partition: {s.partition!r} does not exist; allowed: {', '.join(partitions)}")
-    if s.account:
-        accounts = _user_accounts(conf)
-        if accounts is not None and s.account.lower() not in accounts:
-            raise SpecError(f"slurm.account: {s.account!r} is not one of your accounts; "
-                            f"allowed: {', '.join(sorted(accounts)) or '(none)'}")
-    if s.qos:
-        listed = slurm_cmd(conf, "sacctmgr", "-n", "-P", "show", "qos", "format=Name")
-        qos = {q.strip().lower() for q in listed.stdout.split() if q.strip()}
-        if listed.returncode == 0 and s.qos.lower() not in qos:
-            raise SpecError(f"slurm.qos: {s.qos!r} does not exist; allowed: {', '.join(sorted(qos)) or '(none)'}")
-    _test_only(spec, conf, elastic)
-    spec.slurm.conf = conf
-
-
-def _user_accounts(conf: Optional[str]) -> Optional[set[str]]:
-    """The submitting user's accounts from sacctmgr, or None where accounting cannot say."""
-    import getpass
-
-    out = slurm_cmd(conf, "sacctmgr", "-n", "-P", "show", "associations", f"user={getpass.getuser()}",
-                    "format=Account")
-    if out.returncode != 0:
-        return None
-    return {a.strip().lower() for a in out.stdout.split() if a.strip()}
-
-
-_REFUSALS = (
-    ("partition", "slurm.partition"), ("account", "slurm.account"), ("qos", "slurm.qos"),
-    ("time limit", "slurm.time_min"), ("node count", "slurm.nodes"), ("node configuration", "slurm.nodes"),
-    ("gres", "slurm.gpus_per_node"), ("cpu count", "slurm.cpus_per_task"),
-)
-
-
-def _test_only(spec, conf: Optional[str], elastic: bool) -> None:
-    params = executor_parameters(spec, elastic)
-    argv = ["sbatch", "--test-only", f"--time={params['time']}", f"--nodes={params['nodes']}",
-            f"--ntasks-per-node={params['ntasks_per_node']}", f"--cpus-per-task={params['cpus_per_task']}"]
-    for key in ("partition", "qos", "account", "gpus_per_node"):
-        if key in params:
-            argv.append(f"--{key.replace('_', '-')}={params[key]}")
-    for key, value in params["additional_parameters"].items():
-        argv.append(f"--{key}" if value is True else f"--{key}={value}")
-    result = slurm_cmd(conf, *argv, "--wrap=true")
-    if result.returncode == 0:
-        return
-    message = (result.stderr or result.stdout).strip().replace("sbatch: error: ", "")
-    lowered = message.lower()
-    field = next((f for word, f in _REFUSALS if word in lowered), "slurm")
-    raise SpecError(f"{field}: the cluster refuses this job: {message}")
-
-
-# --- faults --------------------------------------------------------------------
-
-
-def current_job(events: list[dict], replica: int) -> Optional[dict]:
-    """The replica group's newest submitted job that has not ended.
-
-    ``job_id`` and ``attempt`` from the controller's ``submit`` event; ``node``,
-    ``pid`` and ``host`` from the trainer's ``start`` event (None before it started).
-    """
-    submits = [e for e in events if e.get("kind") == "submit" and e.get("replica") == replica]
-    if not submits:
-        return None
-    sub = submits[-1]
-    attempt = sub.get("attempt", 0)
-    ended = any(e.get("kind") == "job" and e.get("replica") == replica and e.get("attempt") == attempt
-                for e in events)
-    if ended:
-        return None
-    job = {"job_id": str(sub["job_id"]), "attempt": attempt, "node": None, "pid": None, "host": None}
-    for e in events:
-        if (e.get("kind") == "start" and e.get("replica") == replica and e.get("attempt") == attempt
-                and e.get("role") != "controller"):
-            job.update(node=e.get("node"), pid=e.get("pid"), host=e.get("host"))
-    return job
-
-
-def _conf_of(run_dir: Path) -> Optional[str]:
-    from ..rundir import read_record
-
-    return (read_record(run_dir)["spec"].get("slurm") or {}).get("conf")
-
-
-def inject(run_dir, action: str, target: Optional[int], origin: str, seconds: Optional[float], writer, events) -> dict:
-    """Inject one fault on a Slurm run and record it; raises FaultError (nothing done) on bad input."""
-    from ..faults import FaultError, _alive, lighthouse_pid
-
-    run_dir = Path(run_dir)
-    if action not in ACTIONS:
-        raise FaultError(f"action: {action!r} is not a fault on Slurm; allowed: {', '.join(ACTIONS)}")
-    conf = _conf_of(run_dir)
-    if action == "lighthouse_kill":
-        pid = lighthouse_pid(run_dir, events)
-        if not pid or not _alive(pid):
-            raise FaultError("lighthouse_kill: this run has no live lighthouse")
-        os.kill(pid, signal.SIGKILL)
-        return writer.emit("fault", action=action, target="lighthouse", pid=pid, node=None, job_id=None,
-                           origin=origin)
-    if target is None:
-        raise FaultError(f"target: {action} needs a replica index")
-    target = int(target)
-    job = current_job(events, target)
-    if job is None:
-        raise FaultError(f"target: replica {target} has no live Slurm job to {action}")
-    if action in DEFAULT_SECONDS:
-        seconds = float(seconds if seconds is not None else DEFAULT_SECONDS[action])
-        if seconds <= 0:
-            raise FaultError(f"seconds: a {action} lasts > 0 seconds, got {seconds}")
-    else:
-        seconds = None
-    if action in ("node_down", "slurmd_kill") and not job["node"]:
-        job["node"] = slurm_cmd(conf, "squeue", "-h", "-j", job["job_id"], "-o", "%N").stdout.strip() or None
-    if job["node"] and ("," in job["node"] or "[" in job["node"]):  # a multi-node job: its first node
-        job["node"] = (slurm_cmd(conf, "scontrol", "show", "hostnames", job["node"]).stdout.split() or [None])[0]
-    if action in ("node_down", "slurmd_kill") and not job["node"]:
-        raise FaultError(f"target: replica {target}'s job {job['job_id']} has not started on a node yet")
-
-    def run_or_fail(*argv: str) -> None:
-        result = slurm_cmd(conf, *argv)
-        if result.returncode != 0:
-            raise FaultError(f"{action}: `{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()}")
-
-    if action == "kill":
-        run_or_fail("scancel", "--signal=KILL", "--full", job["job_id"])
-    elif action == "preempt":
-        run_or_fail("scancel", "--signal=USR2", job["job_id"])
-    elif action == "hang":
-        run_or_fail("scancel", "--signal=STOP", job["job_id"])
-        _later(run_dir, conf, "cont", job["job_id"], seconds, target)
-    elif action == "node_down":
-        run_or_fail("scontrol", "update", f"NodeName={job['node']}", "State=DOWN",
-                    f"Reason=workbench fault ({origin}) on replica {target}")
-        _later(run_dir, conf, "resume_node", job["node"], seconds, target)
-    elif action == "slurmd_kill":
-        entry = _slurmd_entry(conf, job["node"])
-        os.kill(entry["pid"], signal.SIGKILL)
-        _later(run_dir, conf, "restart_slurmd", job["node"], seconds, target)
-    return writer.emit("fault", action=action, target=target, attempt=job["attempt"], node=job["node"],
-                       job_id=job["job_id"], pid=job["pid"], origin=origin, seconds=seconds)
-
-
-def _slurmd_entry(conf: Optional[str], node: str) -> dict:
-    """devcluster's record of ``slurmd -N node`` (alive), or FaultError: only the dev cluster's slurmd is ours."""
-    from ..faults import FaultError
-    from . import devcluster
-
-    state_dir = Path(conf).parent.parent if conf else None
-    state = devcluster._read_state(devcluster.Layout(state_dir)) if state_dir else None
-    entry = (state or {}).get("daemons", {}).get(f"slurmd-{node}")
-    if not entry:
-        raise FaultError(f"slurmd_kill: node {node}'s slurmd is not one the dev cluster started "
-                         f"(slurm.conf {conf}); on a real cluster ask its admins")
-    if not devcluster._alive(entry):
-        raise FaultError(f"slurmd_kill: node {node}'s slurmd (pid {entry['pid']}) is not running")
-    return entry
-
-
-# The undo helper sleeps and runs the Slurm command before it imports anything heavy: importing
-# workbench takes seconds on a busy host, which would lengthen a short hang.
-_UNDO_HELPER = """
-import json, subprocess, sys, time
-until, what, run_dir, subject, target, argv = json.loads(sys.argv[1])
-time.sleep(max(0.0, until - time.time()))
-if argv:
-    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-t = time.time()
-from workbench.cluster.slurm import _undone
-_undone(what, run_dir, subject, target, t)
-"""
-
-
-def _later(run_dir: Path, conf: Optional[str], what: str, subject: str, seconds: float, target: int) -> None:
-    """Undo a fault ``seconds`` from now, from a detached helper that outlives the notebook."""
-    argv = {
-        "cont": ["scancel", "--signal=CONT", subject],
-        "resume_node": ["scontrol", "update", f"NodeName={subject}", "State=RESUME"],
-    }.get(what)
-    payload = json.dumps([time.time() + seconds, what, str(run_dir), subject, target, argv])
-    subprocess.Popen(
-        [sys.executable, "-c", _UNDO_HELPER, payload], env=client_env(conf), cwd=_REPO_ROOT,
-        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )
-
-
-_REPO_ROOT = str(Path(__file__).resolve().parents[2])
-
-
-def _undone(what: str, run_dir: str, subject: str, target: int, t: float) -> None:
-    """Finish an undo in the helper (restart a slurmd) and record it as a ``resume`` fault event at ``t``."""
-    from ..faults import _control_writer
-
-    fields: dict[str, Any] = {"t": t, "action": "resume", "origin": "schedule"}
-    if what == "cont":
-        fields.update(resumed="hang", target=target, job_id=subject)
-    elif what == "resume_node":
-        fields.update(resumed="node_down", target=subject, node=subject, replica_hit=target)
-    elif what == "restart_slurmd":
-        from . import devcluster
-
-        layout = devcluster.Layout(Path(_conf_of(Path(run_dir))).parent.parent)
-        with devcluster._locked(layout):
-            state = devcluster._read_state(layout)
-            name = f"slurmd-{subject}"
-            entry = state["daemons"][name]
-            if not devcluster._alive(entry):
-                devcluster._record(layout, state, name, entry["argv"], devcluster._daemon_env(layout))
-        fields.update(t=time.time(), resumed="slurmd_kill", target=subject, node=subject, replica_hit=target)
-    _control_writer(Path(run_dir)).emit("fault", **fields)

@@ -2,10 +2,14 @@
 
 Presentation only: :class:`~workbench.widgets.state.DashboardState` decides what
 is shown; this module renders it and turns the fault controls into
-``workbench.faults.inject(..., origin="button")``.
+``run.fault(..., origin="button")``.
 
-Updates come from a background thread that polls the run's event log (new
-bytes only, at most every ``interval`` seconds, 0.5 s by default). A thread,
+A dashboard reads no event log of its own: it shares its ``Run``'s reader
+and run-state fold, and subscribes to the fold for the presentation part
+(loss series, markers), so a kernel reads every byte once. Updates come from
+a background thread that refreshes the run (new bytes only, at most every
+``interval`` seconds, 0.5 s by default); a refresh from a notebook cell
+(``run.metrics()``) reaches the dashboard too. A thread,
 not an asyncio task: comm messages sent from a thread reach the browser while
 another cell is busy, whereas a task on the kernel's loop waits for the cell to
 finish. One updater per run directory per kernel: a new Dashboard on the same
@@ -39,9 +43,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 import plotly.io as pio
 
-from .. import faults
-from ..events import EventReader
-from ..spec import Spec
+from .. import faultkinds
 from .state import STATES, DashboardState
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
@@ -118,21 +120,21 @@ class Dashboard(w.VBox):
     def __init__(self, run: Any, interval: float = 0.5, max_points: int = 1500, plot_every: float = 2.0,
                  start: bool = True, **kwargs: Any) -> None:
         if isinstance(run, (str, Path)):
-            from ..rundir import read_record
+            from ..run import attach
 
-            self.run_dir = Path(run).resolve()
-            self.spec = Spec.model_validate(read_record(self.run_dir)["spec"])
-        else:
-            self.run_dir = Path(run.run_dir).resolve()
-            self.spec = run.spec
+            run = attach(run)
+        self.run = run
+        self.run_dir = run.run_dir
+        self.spec = run.spec
         self.interval = max(0.5, float(interval))
         self.max_points = int(max_points)
         self.plot_every = float(plot_every)
         self._plotted_at = float("-inf")
-        self.state = DashboardState(self.spec.replicas, self.spec.steps)
-        self.reader = EventReader(self.run_dir)
-        self.last_update_s: Optional[float] = None
         self._render_lock = threading.RLock()
+        self.state = DashboardState(self.spec.replicas, self.spec.steps, run_state=run.run_state)
+        self._unsubscribe = run.run_state.subscribe(self._present)
+        self.state.present(list(run._events))  # what the run had read before this dashboard existed
+        self.last_update_s: Optional[float] = None
         self._stop = threading.Event()
         self._thread: Optional[threading.Thread] = None
         self._drawn: dict[str, Any] = {}
@@ -190,7 +192,7 @@ class Dashboard(w.VBox):
         self.replica_picker = w.Dropdown(options=[(f"replica {r}", r) for r in replicas],
                                          value=1 if len(replicas) > 1 else 0, description="target",
                                          layout=w.Layout(width="180px")).add_class("wb-replica-picker")
-        actions = faults.actions_for(self.run_dir)
+        actions = self.run.fault_kinds()
         self.action_picker = w.Dropdown(options=actions, value=actions[0] if actions else None, description="action",
                                         layout=w.Layout(width="200px")).add_class("wb-action-picker")
         self.hang_seconds = w.BoundedFloatText(value=5.0, min=0.1, max=3600, step=0.5, description="hang s",
@@ -205,10 +207,11 @@ class Dashboard(w.VBox):
     def inject(self) -> Optional[dict]:
         """Inject the fault the controls describe; the outcome shows next to the button."""
         action = self.action_picker.value
-        target = None if action == "lighthouse_kill" else self.replica_picker.value
-        seconds = self.hang_seconds.value if action == "hang" else None
+        kind = faultkinds.KINDS[action]
+        target = self.replica_picker.value if kind.targets == "replica" else None
+        seconds = self.hang_seconds.value if kind.has_duration else None
         try:
-            event = faults.inject(self.run_dir, action, target, origin="button", seconds=seconds)
+            event = self.run.fault(action, target, origin="button", seconds=seconds)
         except Exception as e:  # shown, not raised: a click has no cell to raise into
             self.fault_status.value = f"<span style='color:#c62828'>{html.escape(str(e))}</span>"
             return None
@@ -216,11 +219,16 @@ class Dashboard(w.VBox):
         return event
 
     # -- updating ------------------------------------------------------------------
-    def update(self) -> int:
-        """Read new events, fold them in and redraw; returns how many events were new."""
+    def _present(self, events: list[dict]) -> None:
         with self._render_lock:
-            t0 = time.perf_counter()
-            n = self.state.apply(self.reader.poll())
+            self.state.present(events)
+
+    def update(self) -> int:
+        """Refresh the run (which folds new events into this dashboard too) and redraw;
+        returns how many events this refresh read."""
+        t0 = time.perf_counter()
+        n = len(self.run.refresh())  # outside the render lock: the lock order is run, then render
+        with self._render_lock:
             self.render()
             self.last_update_s = time.perf_counter() - t0
         return n
@@ -387,8 +395,9 @@ class Dashboard(w.VBox):
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
-        """Stop the updater thread (the widgets keep what they show)."""
+        """Stop the updater thread and the subscription to the run (the widgets keep what they show)."""
         self._stop.set()
+        self._unsubscribe()
         thread = self._thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout)

@@ -1,29 +1,13 @@
 """What the dashboard shows, computed from events alone (no ipywidgets here).
 
-:class:`DashboardState` folds events, in the order an :class:`~workbench.events.EventReader`
-returns them, into the loss series of each replica group, the plot markers
-(faults, heals, durable checkpoints), one :class:`Tile` per replica group, the
-quorum history, checkpoints, peer-heal transfers and a tail of notable events.
-The presentation layer (``dashboard.py``) only renders these; tests drive this
+The replica groups' health (one tile each) is the run-state fold's
+(:class:`~workbench.runstate.RunState`, states listed there): a dashboard on
+a ``Run`` shares that run's fold and reader. :class:`DashboardState` adds
+only what is presentation: the loss series of each replica group, the plot
+markers (faults, heals, durable checkpoints, restores), the quorum history,
+checkpoints, peer-heal transfers and a tail of notable events. The
+presentation layer (``dashboard.py``) only renders these; tests drive this
 class with events written by a real ``EventWriter``.
-
-Tile states, from the events of one replica group:
-
-========== ==================================================================
-pending    submitted (or planned), no ``start`` yet
-starting   ``start``/``phase`` of the current attempt, no step yet
-healing    a ``heal``, or a step with ``participating=false``, not yet
-           followed by a committed step
-participating  committed steps
-hung       a ``hang`` fault (or the controller's ``hang`` event) and no
-           progress since: no ``resume``, the step has not advanced and the
-           hang's ``seconds`` have not passed
-dead       a ``kill``/``preempt`` fault, an ``exit`` with reason ``error`` or a
-           controller ``job`` event that ended unclean; stays dead until a
-           newer attempt starts (late events of the dead attempt are ignored)
-finished   ``exit`` with reason ``completed``
-stopped    ``exit`` with reason ``stopped`` or ``preempted``
-========== ==================================================================
 """
 
 from __future__ import annotations
@@ -31,15 +15,18 @@ from __future__ import annotations
 import collections
 import dataclasses
 import math
-import time
 from typing import Iterable, Optional
 
 import numpy as np
 
-STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
+from .. import faultkinds
+from ..runstate import REPLICA_STATES, ReplicaView, RunState
+
+Tile = ReplicaView
+
+STATES = REPLICA_STATES
 MARKER_KINDS = ("fault", "heal", "checkpoint", "restore")
 QUIET_KINDS = frozenset({"step", "heartbeat", "commit"})
-KILL_ACTIONS = frozenset({"kill", "preempt"})
 
 
 class Series:
@@ -111,31 +98,6 @@ def decimate(x: np.ndarray, max_points: int) -> np.ndarray:
 
 
 @dataclasses.dataclass
-class Tile:
-    """One replica group's health, as a grid tile shows it."""
-
-    replica: int
-    state: str = "pending"
-    attempt: int = 0
-    step: Optional[int] = None
-    loss: Optional[float] = None
-    last_seen: Optional[float] = None
-    step_time_s: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    mem_gb: Optional[float] = None
-    hosts: list = dataclasses.field(default_factory=list)
-    restarts: int = 0
-    steps_lost: int = 0
-    dead_attempt: int = -1
-    hang: Optional[dict] = None
-
-    def heartbeat_age(self, now: Optional[float] = None) -> Optional[float]:
-        if self.last_seen is None or self.state in ("dead", "finished", "stopped"):
-            return None
-        return max(0.0, (now if now is not None else time.time()) - self.last_seen)
-
-
-@dataclasses.dataclass
 class Marker:
     kind: str
     t: float
@@ -146,12 +108,18 @@ class Marker:
 
 
 class DashboardState:
-    """Everything the dashboard shows, folded from events; see the module docstring."""
+    """Everything the dashboard shows, folded from events; see the module docstring.
 
-    def __init__(self, replicas: int, steps: int, tail: int = 8) -> None:
+    ``run_state``: the fold of a ``Run`` this dashboard shares (it applies the
+    events, then calls :meth:`present` through its subscription); without one,
+    :meth:`apply` folds both (tests, the benchmark).
+    """
+
+    def __init__(self, replicas: int, steps: int, tail: int = 8, run_state: Optional[RunState] = None) -> None:
+        self.run = run_state if run_state is not None else RunState(replicas, steps)
+        self._owns_run = run_state is None
         self.replicas = replicas
         self.steps_planned = steps
-        self.tiles = {r: Tile(r) for r in range(replicas)}
         self.loss = {r: LossSeries() for r in range(replicas)}
         self.markers: list[Marker] = []
         self._pending_markers: list[dict] = []
@@ -162,146 +130,85 @@ class DashboardState:
         self._checkpoint_servers: dict[str, int] = {}  # a heal's source address -> its replica
         self.heals: list[dict] = []
         self.tail: collections.deque = collections.deque(maxlen=tail)
-        self.run_state: Optional[str] = None
-        self.t0: Optional[float] = None
-        self.max_committed = 0
-        self.events_seen = 0
-        self.last_event_t: Optional[float] = None
         self.markers_version = 0
         self.quorum_version = 0
 
+    # -- what the fold knows -----------------------------------------------------
+    @property
+    def tiles(self) -> dict[int, ReplicaView]:
+        return self.run.replicas
+
+    @property
+    def run_state(self) -> Optional[str]:
+        return self.run.run_end.get("state") or "ended" if self.run.run_end is not None else None
+
+    @property
+    def t0(self) -> Optional[float]:
+        return self.run.t0
+
+    @property
+    def events_seen(self) -> int:
+        return self.run.events_seen
+
+    @property
+    def last_event_t(self) -> Optional[float]:
+        return self.run.last_event_t
+
+    @property
+    def max_committed(self) -> int:
+        return self.run.max_committed
+
     # -- folding ---------------------------------------------------------------
     def apply(self, events: Iterable[dict]) -> int:
-        """Fold new events in; returns how many were applied."""
-        n = 0
+        """Fold new events in (the run state too, when this state owns it); returns how many."""
+        batch = list(events)
+        if self._owns_run:
+            self.run.apply(batch)
+        return self.present(batch)
+
+    def present(self, events: list[dict]) -> int:
+        """The presentation part of the fold, for events the run state has already applied."""
         for e in events:
-            self._apply_one(e)
-            n += 1
+            kind = e.get("kind")
+            if kind not in QUIET_KINDS:
+                self.tail.append(e)
+            handler = getattr(self, f"_on_{kind}", None)
+            if handler is not None:
+                t = e.get("t")
+                handler(e, float(t) if isinstance(t, (int, float)) else 0.0)
         if self._pending_markers:
             self._place_markers()
-        return n
+        return len(events)
 
-    def _tile(self, replica) -> Optional[Tile]:
-        if replica is None or isinstance(replica, bool):
+    def _series(self, replica) -> Optional[LossSeries]:
+        view = self.run.view(replica)
+        if view is None:
             return None
-        try:
-            r = int(replica)
-        except (TypeError, ValueError):
-            return None
-        if r not in self.tiles:
-            if r < 0 or r > 4096:
-                return None
-            self.tiles[r] = Tile(r)
-            self.loss[r] = LossSeries()
-        return self.tiles[r]
-
-    def _apply_one(self, e: dict) -> None:
-        kind = e.get("kind")
-        t = float(e.get("t") or 0.0)
-        self.events_seen += 1
-        self.last_event_t = t
-        if self.t0 is None or (t and t < self.t0):
-            self.t0 = t
-        if kind not in QUIET_KINDS:
-            self.tail.append(e)
-        handler = getattr(self, f"_on_{kind}", None)
-        if handler is not None:
-            handler(e, t)
-
-    def _own(self, e: dict) -> Optional[Tile]:
-        """The tile of a replica's own event, or None if it is a stale attempt's."""
-        if e.get("role") == "controller":
-            return None
-        tile = self._tile(e.get("replica"))
-        if tile is None:
-            return None
-        attempt = int(e.get("attempt") or 0)
-        if attempt < tile.attempt or attempt <= tile.dead_attempt:
-            return None
-        if attempt > tile.attempt:
-            tile.attempt = attempt
-            tile.hang = None
-        return tile
-
-    def _on_start(self, e: dict, t: float) -> None:
-        tile = self._own(e)
-        if tile is None:
-            return
-        tile.state = "starting"
-        tile.last_seen = t
-        host = e.get("node") or e.get("host")
-        if host and host not in tile.hosts:
-            tile.hosts.append(host)
+        if view.replica not in self.loss:
+            self.loss[view.replica] = LossSeries()
+        return self.loss[view.replica]
 
     def _on_phase(self, e: dict, t: float) -> None:
         if e.get("checkpoint_address"):
             self._checkpoint_servers[e["checkpoint_address"]] = e.get("replica")
-        tile = self._own(e)
-        if tile is not None:
-            tile.last_seen = t
-            if tile.state == "pending":
-                tile.state = "starting"
         if e.get("phase") == "restored":
-            # checkpoint-restart: where the restarted job resumed, and what it has to redo
-            lost = max(0, (tile.step if tile is not None else 0) - int(e.get("from_step") or 0))
-            if tile is not None:
-                tile.steps_lost += lost
+            lost = next((r["lost"] for r in reversed(self.run.restores) if r["event"] is e), 0)
             self._pending_markers.append(
                 {"kind": "restore", "e": e, "label": f"restart resumed from checkpoint step {e.get('from_step')}"
                  f" ({lost} steps to redo)"}
             )
 
-    def _progress(self, tile: Tile, e: dict, t: float) -> bool:
-        """Record liveness; returns False while the tile is hung."""
-        tile.last_seen = t
-        step = e.get("step")
-        if tile.hang is not None:
-            h = tile.hang
-            advanced = step is not None and h["step"] is not None and step > h["step"]
-            expired = h["seconds"] is not None and t >= h["t"] + h["seconds"]
-            if not (advanced or expired):
-                return False
-            tile.hang = None
-        return True
-
-    def _on_heartbeat(self, e: dict, t: float) -> None:
-        tile = self._own(e)
-        if tile is None or not self._progress(tile, e, t):
-            return
-        if tile.state == "hung":
-            tile.state = "participating"
-        if e.get("step") is not None:
-            tile.step = int(e["step"])
-
     def _on_step(self, e: dict, t: float) -> None:
-        tile = self._tile(e.get("replica"))
+        series = self._series(e.get("replica"))
         loss = e.get("loss")
         # A healing step's loss is its forward on the weights it had before the heal: not plotted.
-        if (tile is not None and isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)
+        if (series is not None and isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)
                 and e.get("participating") is not False):
-            self.loss[tile.replica].append(t, float(e.get("step") or 0), float(loss), int(e.get("attempt") or 0))
-        committed = bool(e.get("committed", True))
-        if committed and e.get("step") is not None:
-            self.max_committed = max(self.max_committed, int(e["step"]))
+            step = e.get("step")
+            series.append(t, float(step) if isinstance(step, (int, float)) else 0.0, float(loss), _int(e.get("attempt")))
         qid = e.get("quorum_id")
         if qid is not None:
             self._quorum(t, qid, e.get("step"), e.get("participants"))
-        tile = self._own(e)
-        if tile is None or not self._progress(tile, e, t):
-            return
-        if e.get("step") is not None:
-            tile.step = int(e["step"])
-        if isinstance(loss, (int, float)):
-            tile.loss = float(loss)
-        for field in ("step_time_s", "tokens_per_s", "mem_gb"):
-            if e.get(field) is not None:
-                setattr(tile, field, e[field])
-        if e.get("participating") is False:
-            tile.state = "healing"
-        elif committed:
-            tile.state = "participating"
-        elif tile.state in ("starting", "pending", "hung"):
-            tile.state = "healing"
 
     def _quorum(self, t: float, qid, step, participants) -> None:
         if participants is not None and not isinstance(participants, (int, float)):
@@ -322,10 +229,6 @@ class DashboardState:
             self._quorum(t, e["quorum_id"], e.get("step"), e.get("participants"))
 
     def _on_heal(self, e: dict, t: float) -> None:
-        tile = self._own(e)
-        if tile is not None:
-            tile.state = "healing"
-            tile.last_seen = t
         source = e.get("from_replica")
         if source is None and e.get("from_address") in self._checkpoint_servers:
             source = f"replica {self._checkpoint_servers[e['from_address']]}"
@@ -350,61 +253,12 @@ class DashboardState:
 
     def _on_fault(self, e: dict, t: float) -> None:
         action = e.get("action")
-        tile = self._tile(e.get("target")) if e.get("target") != "lighthouse" else None
-        if tile is not None:
-            if action in KILL_ACTIONS:
-                tile.state = "dead"
-                tile.dead_attempt = max(tile.dead_attempt, tile.attempt)
-                tile.hang = None
-            elif action == "hang":
-                tile.state = "hung"
-                tile.hang = {"t": t, "step": tile.step, "seconds": e.get("seconds")}
-            elif action == "resume" and tile.state == "hung":
-                tile.hang = None
-                tile.state = "participating"
-        if action == "resume":
+        if action == faultkinds.RESUME:
             return
         where = f"replica {e.get('target')}" if e.get("target") not in (None, "lighthouse") else "lighthouse"
         self._pending_markers.append(
             {"kind": "fault", "e": e, "label": f"{action} {where} ({e.get('origin', '?')})"}
         )
-
-    def _on_hang(self, e: dict, t: float) -> None:
-        tile = self._tile(e.get("target", e.get("replica")))
-        if tile is not None and tile.state not in ("dead", "finished", "stopped"):
-            tile.state = "hung"
-            tile.hang = {"t": t, "step": tile.step, "seconds": None}
-
-    def _on_exit(self, e: dict, t: float) -> None:
-        tile = self._own(e)
-        if tile is None:
-            return
-        reason = e.get("reason")
-        tile.last_seen = t
-        if reason == "completed":
-            tile.state = "finished"
-        elif reason in ("stopped", "preempted"):
-            tile.state = "stopped"
-        else:
-            tile.state = "dead"
-            tile.dead_attempt = max(tile.dead_attempt, tile.attempt)
-
-    def _on_job(self, e: dict, t: float) -> None:
-        tile = self._tile(e.get("replica"))
-        if tile is None or e.get("state") != "ended" or e.get("clean", True):
-            return
-        attempt = int(e.get("attempt") or 0)
-        if attempt >= tile.attempt and tile.state not in ("finished", "stopped"):
-            tile.state = "dead"
-            tile.dead_attempt = max(tile.dead_attempt, attempt)
-
-    def _on_restart(self, e: dict, t: float) -> None:
-        tile = self._tile(e.get("replica"))
-        if tile is not None:
-            tile.restarts += 1
-
-    def _on_run_end(self, e: dict, t: float) -> None:
-        self.run_state = e.get("state") or "ended"
 
     # -- markers ---------------------------------------------------------------
     def _place_markers(self) -> None:
@@ -460,4 +314,8 @@ class DashboardState:
         return sum(len(s) for s in self.loss.values())
 
     def progress(self) -> tuple[int, int]:
-        return min(self.max_committed, self.steps_planned), self.steps_planned
+        return self.run.progress()
+
+
+def _int(x) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0

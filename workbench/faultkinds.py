@@ -1,0 +1,106 @@
+"""The one table of fault kinds. Everything that names a fault reads it.
+
+A fault kind says what it does to its target, not how a backend does it:
+the spec's validation (``faults[].action``, ``chaos.actions``), the CLI's
+``kill --how``, the dashboard's menu, replay, chaos schedules, the run-state
+fold (which state a target is in after it), the recovery timeline and goodput
+(which faults end a process and so bring the group back as a new attempt) and
+the soak's mix are all built from :data:`KINDS`. How a kind is injected is the
+backend's business (``Cluster.inject``): a kind with a ``signal`` is, on
+every backend, that signal delivered to the target's processes (locally with
+``kill(2)``, on Slurm with ``scancel --signal``), so a new signal-shaped fault
+is one row here and nothing else.
+
+| kind | target | what happens | undone by |
+|---|---|---|---|
+| ``kill`` | replica | SIGKILL: dies mid-step, as on a hardware fault | relaunch (new attempt) |
+| ``preempt`` | replica | the backend's preemption signal: ends its step, exits preempted | relaunch |
+| ``hang`` | replica | SIGSTOP for ``seconds``, then SIGCONT (a detached helper resumes it) | ``resume`` |
+| ``node_down`` | replica | its node is set DOWN (Slurm): every job on it fails | node RESUME |
+| ``slurmd_kill`` | replica | SIGKILL to its node's slurmd (dev cluster): the node stops answering | slurmd restart |
+| ``lighthouse_kill`` | lighthouse | SIGKILL to the lighthouse; the controller restarts it | controller |
+
+A fault is recorded as one ``fault`` event (``action`` = the kind's name);
+its undo, where it has one, as a ``fault`` event with ``action="resume"``
+(:data:`RESUME`) and ``resumed`` = the kind.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import signal as _signal
+from typing import Optional
+
+RESUME = "resume"
+ALL_BACKENDS: Optional[tuple[str, ...]] = None
+
+
+@dataclasses.dataclass(frozen=True)
+class FaultKind:
+    """One row of the table; see the module docstring.
+
+    ``targets``: ``"replica"`` (a replica group, by index) or ``"lighthouse"``.
+    ``ends_process``: the target's process is gone, and the group comes back as
+    a new attempt (or a spare). ``pauses_process``: it is stopped for
+    ``seconds`` and then carries on as the same process. ``signal``: the
+    signal that *is* the fault on every backend (None: the backend does
+    something else). ``backends``: the backends that can inject it (None:
+    every backend, which is what a signal-shaped kind gets). ``state_after``:
+    what the run-state fold calls the target once the fault is recorded.
+    """
+
+    name: str
+    targets: str
+    ends_process: bool
+    pauses_process: bool
+    has_duration: bool
+    summary: str
+    signal: Optional[int] = None
+    default_seconds: Optional[float] = None
+    backends: Optional[tuple[str, ...]] = ALL_BACKENDS
+    state_after: Optional[str] = None
+
+    def supported_on(self, backend: str) -> bool:
+        return self.backends is None or backend in self.backends
+
+
+KINDS: dict[str, FaultKind] = {k.name: k for k in (
+    FaultKind("kill", "replica", True, False, False, "SIGKILL: dies mid-step, as on a hardware fault",
+              signal=_signal.SIGKILL, state_after="dead"),
+    FaultKind("hang", "replica", False, True, True, "SIGSTOP for `seconds`, then SIGCONT",
+              default_seconds=5.0, state_after="hung"),
+    FaultKind("preempt", "replica", True, False, False, "preemption signal: the trainer ends its step and exits",
+              state_after="dead"),
+    FaultKind("node_down", "replica", True, False, True, "the group's node set DOWN, RESUME after `seconds`",
+              default_seconds=10.0, backends=("slurm",), state_after="dead"),
+    FaultKind("slurmd_kill", "replica", True, False, True, "SIGKILL to the node's slurmd, restarted after `seconds`",
+              default_seconds=10.0, backends=("slurm",), state_after="dead"),
+    FaultKind("lighthouse_kill", "lighthouse", False, False, False, "SIGKILL to the lighthouse; the controller restarts it"),
+)}
+
+
+def kind(name: str) -> Optional[FaultKind]:
+    return KINDS.get(name)
+
+
+def names(backend: Optional[str] = None) -> list[str]:
+    """Every kind's name, or those ``backend`` can inject, in table order."""
+    return [k.name for k in KINDS.values() if backend is None or k.supported_on(backend)]
+
+
+def replica_kinds() -> frozenset[str]:
+    return frozenset(k.name for k in KINDS.values() if k.targets == "replica")
+
+
+def ending_kinds() -> frozenset[str]:
+    """Kinds after which the target group comes back as a new attempt."""
+    return frozenset(k.name for k in KINDS.values() if k.ends_process)
+
+
+def require(name: str, backend: Optional[str] = None) -> FaultKind:
+    """The kind named ``name``, injectable on ``backend``; ValueError naming the allowed ones otherwise."""
+    k = KINDS.get(name)
+    if k is None or (backend is not None and not k.supported_on(backend)):
+        where = f" on cluster {backend}" if backend else ""
+        raise ValueError(f"{name!r} is not a fault kind{where}; allowed: {', '.join(names(backend))}")
+    return k

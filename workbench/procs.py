@@ -1,0 +1,129 @@
+"""Process identity: a signal goes only to a process proven to be the run's.
+
+A PID alone names a process only while it lives: after it exits (or the
+machine reboots) the number is reused, and the workbench's CLI may run as
+root on a login node. Every ``start`` event therefore records the process's
+identity: ``pid``, ``host`` and ``pid_start`` (the kernel's start time of that
+PID, psutil's ``create_time``, in seconds). Before a signal, :func:`matches`
+compares the live process's start time with the recorded one; a different or
+missing process is reported, never signalled. A record without ``pid_start``
+(written by an older workbench) is never signalled either.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import signal
+import socket
+from typing import Optional
+
+import psutil
+
+HOST = socket.gethostname()
+START_TOLERANCE_S = 0.05  # create_time is derived from boot-relative clock ticks (10 ms)
+
+
+def start_time(pid: int) -> Optional[float]:
+    try:
+        return round(psutil.Process(pid).create_time(), 3)
+    except (psutil.Error, OSError, ValueError):
+        return None
+
+
+def identity(pid: Optional[int] = None) -> dict:
+    """``{pid, host, pid_start}`` of this (or ``pid``'s) process, for a ``start`` event."""
+    pid = os.getpid() if pid is None else pid
+    return {"pid": pid, "host": HOST, "pid_start": start_time(pid)}
+
+
+@dataclasses.dataclass(frozen=True)
+class Proc:
+    """A process as an event recorded it."""
+
+    pid: int
+    host: Optional[str] = None
+    started: Optional[float] = None
+
+    @classmethod
+    def from_event(cls, e: dict, pid_key: str = "pid") -> Optional["Proc"]:
+        pid = e.get(pid_key)
+        if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
+            return None
+        started = e.get("pid_start")
+        return cls(pid, e.get("host"), float(started) if isinstance(started, (int, float)) else None)
+
+    @property
+    def local(self) -> bool:
+        return self.host in (None, HOST)
+
+    def why_not(self) -> Optional[str]:
+        """None if this is the live process it claims to be; else why not, in a few words."""
+        if not self.local:
+            return f"pid {self.pid} runs on {self.host}, not here"
+        if self.started is None:
+            return f"pid {self.pid} was recorded without its start time"
+        try:
+            p = psutil.Process(self.pid)
+            if p.status() == psutil.STATUS_ZOMBIE:
+                return f"pid {self.pid} has exited"
+            now = p.create_time()
+        except psutil.NoSuchProcess:
+            return f"pid {self.pid} has exited"
+        except (psutil.Error, OSError) as e:
+            return f"pid {self.pid}: {e}"
+        if abs(now - self.started) > START_TOLERANCE_S:
+            return f"pid {self.pid} is now another process (started {now:.2f}, recorded {self.started:.2f})"
+        return None
+
+    def alive(self) -> bool:
+        return self.why_not() is None
+
+    def signal(self, sig: int) -> bool:
+        """Send ``sig`` if this is still the recorded process; False (nothing sent) otherwise."""
+        if self.why_not() is not None:
+            return False
+        try:
+            os.kill(self.pid, sig)
+        except ProcessLookupError:
+            return False
+        return True
+
+    def descendants(self) -> list["Proc"]:
+        """Processes it started (MaxText's interpreter, TorchTitan's ranks), identified now."""
+        if self.why_not() is not None:
+            return []
+        try:
+            children = psutil.Process(self.pid).children(recursive=True)
+        except psutil.Error:
+            return []
+        out = []
+        for c in children:
+            try:
+                out.append(Proc(c.pid, HOST, round(c.create_time(), 3)))
+            except psutil.Error:
+                pass
+        return out
+
+    def as_record(self) -> list:
+        return [self.pid, self.host, self.started]
+
+    @classmethod
+    def from_record(cls, rec: list) -> "Proc":
+        return cls(int(rec[0]), rec[1], rec[2])
+
+
+def alive(pid: int) -> bool:
+    """A PID that exists and is not a zombie (for processes this one started itself)."""
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def signal_pid(pid: int, sig: int = signal.SIGKILL) -> None:
+    """Signal a child this process started itself (its PID cannot have been reused)."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
