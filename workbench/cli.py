@@ -13,8 +13,7 @@ from typing import Optional, Sequence
 
 from . import faultkinds
 from .faults import FaultError
-from .run import KILL_ALIASES, attach, submit
-from .runstate import TERMINAL
+from .run import ENDED, KILL_ALIASES, ControllerGone, attach, submit
 from .spec import SpecError, load_spec, preflight
 
 
@@ -41,7 +40,7 @@ def cmd_demo(args) -> int:
     try:
         run.wait(timeout=args.timeout)
     finally:
-        if run.state() not in TERMINAL:
+        if run.state() not in ENDED:
             run.stop()
     summary = run.summary()
     _print_summary(summary)
@@ -314,7 +313,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     args = build_parser().parse_args(argv)
     try:
         return args.fn(args)
-    except (SpecError, FaultError, ValueError, TimeoutError) as e:
+    except (SpecError, FaultError, ValueError, TimeoutError, ControllerGone) as e:
         print(f"workbench {args.command}: {e}", file=sys.stderr)
         return 2
 

@@ -83,6 +83,7 @@ class Controller:
         self.spares: dict[int, Any] = {}  # spare id -> submitit job
         self.spares_ready: set[int] = set()
         self.next_spare_id = 0
+        self.bad_events = 0
 
     # -- lifecycle -----------------------------------------------------------
     def run(self) -> str:
@@ -152,6 +153,7 @@ class Controller:
     def _launch(self, slot: ReplicaSlot) -> None:
         slot.attempt += 1
         slot.committed_steps = 0
+        slot.last_progress_t = 0.0  # a relaunch gap is no step interval
         slot.hang_reported = False
         ctx = JobContext(
             run_dir=str(self.run_dir),
@@ -220,6 +222,7 @@ class Controller:
         self.spares_ready.discard(spare_id)
         slot.attempt += 1
         slot.committed_steps = 0
+        slot.last_progress_t = 0.0
         slot.hang_reported = False
         slot.job = self.spares.pop(spare_id)
         slot.state = "running"
@@ -249,24 +252,33 @@ class Controller:
 
     def _observe(self, events: list[dict]) -> None:
         for e in events:
-            kind = e.get("kind")
-            r = e.get("replica")
-            if kind == "phase" and e.get("phase") == "spare_ready" and e.get("spare") in self.spares:
-                self.spares_ready.add(e["spare"])
-            if kind == "exit" and r is not None and e.get("role") is None:
-                self.exits[(r, e.get("attempt", 0))] = e
-            elif kind == "step" and r in self.slots:
-                slot = self.slots[r]
-                if e.get("attempt") == slot.attempt and e.get("committed"):
-                    if slot.last_progress_t and len(self.step_intervals) < 2000:
-                        self.step_intervals.append(e["t"] - slot.last_progress_t)
-                    slot.committed_steps += 1
-                    slot.last_step = e.get("step", 0)
-                    slot.last_progress_t = e["t"]
-                    slot.hang_reported = False
-                    self.max_step = max(self.max_step, slot.last_step)
-                    if self.t_first_step is None:
-                        self.t_first_step = e["t"]
+            try:
+                self._observe_one(e)
+            except (TypeError, ValueError, KeyError):  # a malformed line must not stop the run
+                self.bad_events += 1
+
+    def _observe_one(self, e: dict) -> None:
+        kind = e.get("kind")
+        r = e.get("replica")
+        if kind == "phase" and e.get("phase") == "spare_ready" and e.get("spare") in self.spares:
+            self.spares_ready.add(e["spare"])
+        if kind == "exit" and r is not None and e.get("role") is None:
+            self.exits[(r, e.get("attempt", 0))] = e
+        elif kind == "step" and r in self.slots:
+            slot = self.slots[r]
+            step = e.get("step", 0)
+            if not isinstance(step, int):
+                raise ValueError(f"step {step!r}")
+            if e.get("attempt") == slot.attempt and e.get("committed"):
+                if slot.last_progress_t and len(self.step_intervals) < 2000:
+                    self.step_intervals.append(e["t"] - slot.last_progress_t)
+                slot.committed_steps += 1
+                slot.last_step = step
+                slot.last_progress_t = e["t"]
+                slot.hang_reported = False
+                self.max_step = max(self.max_step, step)
+                if self.t_first_step is None:
+                    self.t_first_step = e["t"]
 
     # -- lighthouse and faults ----------------------------------------------
     def _supervise_lighthouse(self) -> None:
@@ -324,8 +336,11 @@ class Controller:
         return max(h.min_timeout_s, 20 * float(sorted(self.step_intervals)[len(self.step_intervals) // 2]))
 
     def _detect_hangs(self) -> None:
-        """A group that committed before and has made no progress for the hang timeout while
-        its peers progressed is hung; if every group stopped, the run as a whole is stalled."""
+        """A group that committed before and has made no step progress for the hang timeout is
+        hung if its peers progressed meanwhile (if every group stopped, the run as a whole is
+        stalled: no one group's hang). A group running alone (MaxText, ddp-restart, or the last
+        one left) is hung only if it also stopped heartbeating: a compile, a checkpoint or a slow
+        step keeps its heartbeat going, a stopped or frozen process does not."""
         now = time.time()
         limit = self.hang_timeout_s()
         running = [s for s in self.slots.values() if s.state == "running" and s.committed_steps > 0]
@@ -333,9 +348,13 @@ class Controller:
             idle = now - slot.last_progress_t
             if idle < limit or slot.hang_reported:
                 continue
-            peers_moved_on = any(p.last_progress_t > slot.last_progress_t for p in running if p is not slot)
-            if len(running) > 1 and not peers_moved_on:
-                continue  # everyone stopped together: not this group's hang
+            if len(running) > 1:
+                if not any(p.last_progress_t > slot.last_progress_t for p in running if p is not slot):
+                    continue
+            else:
+                seen = self.run_state.replicas[slot.replica].last_seen or slot.last_progress_t
+                if now - seen < limit:
+                    continue
             slot.hang_reported = True
             self.writer.emit(
                 "hang", target=slot.replica, attempt=slot.attempt, step=slot.last_step,

@@ -32,6 +32,11 @@ from .spec import Spec, SpecError, load_spec, preflight
 from .trainers import ELASTIC
 
 KILL_ALIASES = {"sigkill": "kill"}
+ENDED = (*TERMINAL, "lost")
+
+
+class ControllerGone(RuntimeError):
+    """The run's controller died without ending the run (OOM, SIGKILL, a reboot)."""
 
 
 class Run:
@@ -71,8 +76,8 @@ class Run:
 
     @property
     def bad_lines(self) -> int:
-        """Complete lines of the event log that were not events (skipped, counted)."""
-        return self._reader.skipped_lines
+        """Lines of the event log that were not well-formed events (skipped, counted)."""
+        return self._reader.skipped_lines + self.run_state.bad_events
 
     def events(self, kind: Optional[str] = None) -> pd.DataFrame:
         self.refresh()
@@ -90,8 +95,27 @@ class Run:
         return analysis.metrics_frame(self._events)
 
     def state(self) -> str:
+        """pending | starting | running | completed | failed | stopped, or ``lost``: the
+        controller is gone without having ended the run (``stop()`` cleans up after it)."""
         self.refresh()
-        return self.run_state.state
+        state = self.run_state.state
+        if state not in TERMINAL and self.controller_gone():
+            return "lost"
+        return state
+
+    def controller_gone(self) -> Optional[str]:
+        """Why the run's controller is not running (None while it runs, or cannot be checked here)."""
+        if self._controller is not None:
+            code = self._controller.poll()
+            if code is None:
+                return None
+            if self.run_state.controller is None:
+                return f"controller exited with {code} before it started the run"
+        proc = self.run_state.controller
+        if proc is None or not proc.local:
+            return None
+        why = proc.why_not()
+        return None if why is None else f"controller {why}"
 
     def status(self) -> dict:
         self.refresh()
@@ -99,7 +123,7 @@ class Run:
         return {
             "state": st.state, "trainer": self.spec.trainer, "cluster": self.spec.cluster,
             "steps_target": self.spec.steps, "step": st.max_committed, **st.counts(),
-            "bad_lines": self.bad_lines,
+            "bad_lines": self.bad_lines, "controller": self.controller_gone() or "running",
             "replicas": {str(r): v.as_dict() for r, v in sorted(st.replicas.items())},
         }
 
@@ -122,13 +146,17 @@ class Run:
 
     def wait_for_step(self, step: int, replica: Optional[int] = None, timeout: float = 300.0) -> "Run":
         def reached(run: "Run") -> bool:
-            return analysis.max_committed_step(run._events, replica) >= step or run.state() in TERMINAL
+            return analysis.max_committed_step(run._events, replica) >= step or run.state() in ENDED
 
         return self.wait_for(reached, timeout)
 
     def wait(self, timeout: Optional[float] = None) -> dict:
-        """Block until the run ends; returns ``status()``."""
-        self.wait_for(lambda r: r.state() in TERMINAL, timeout if timeout is not None else float("inf"))
+        """Block until the run ends; returns ``status()``. Raises ControllerGone, naming why, if
+        the controller died without ending it (its jobs may still run: ``stop()`` ends them)."""
+        self.wait_for(lambda r: r.state() in ENDED, timeout if timeout is not None else float("inf"))
+        if self.state() == "lost":
+            raise ControllerGone(f"run {self.id}: {self.controller_gone()} without ending the run; "
+                                 f"`workbench stop {self.run_dir}` stops what is left")
         return self.status()
 
     # -- control -------------------------------------------------------------
@@ -159,7 +187,7 @@ class Run:
         run recorded (``Cluster.stop_all``) and the run is marked stopped.
         """
         self.refresh()
-        if self.state() in TERMINAL:
+        if self.run_state.state in TERMINAL:
             return self.status()
         ctl = self.run_state.controller
         if ctl is not None and ctl.signal(signal.SIGTERM):

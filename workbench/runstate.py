@@ -119,6 +119,7 @@ class RunState:
         self.max_committed = 0
         self.faults = self.restarts = self.heals = 0
         self.events_seen = 0
+        self.bad_events = 0
         self.t0: Optional[float] = None
         self.last_event_t: Optional[float] = None
         self._subscribers: list[Callable[[list[dict]], None]] = []
@@ -157,9 +158,14 @@ class RunState:
         self.last_event_t = t
         if self.t0 is None or (t and t < self.t0):
             self.t0 = t
-        handler = getattr(self, f"_on_{kind}", None)
-        if handler is not None:
-            handler(e, t)
+        handler = getattr(self, f"_on_{kind}", None) if isinstance(kind, str) else None
+        if handler is not None and not well_formed(e):
+            self.bad_events += 1
+        elif handler is not None:
+            try:
+                handler(e, t)
+            except (TypeError, ValueError, KeyError, AttributeError):  # a malformed event: counted, skipped
+                self.bad_events += 1
 
     def _own(self, e: dict) -> Optional[ReplicaView]:
         """The view of a replica's own event, or None if it is a stale attempt's."""
@@ -396,6 +402,23 @@ class RunState:
 
     def counts(self) -> dict:
         return {"faults": self.faults, "restarts": self.restarts, "heals": self.heals}
+
+
+_FIELD_TYPES = {  # a field that is present must have one of these types (None: absent is fine)
+    "replica": (int, type(None)), "attempt": (int, type(None)), "step": (int, type(None)),
+    "action": (str,), "target": (int, str, type(None)), "state": (str, type(None)),
+    "reason": (str, type(None)), "job_id": (str, int, type(None)), "spare": (int, type(None)),
+}
+
+
+def well_formed(e: dict) -> bool:
+    """The fields the fold reads have the types the writers write (bool is no int here)."""
+    for key, types in _FIELD_TYPES.items():
+        if key in e:
+            v = e[key]
+            if isinstance(v, bool) or not isinstance(v, types):
+                return False
+    return True
 
 
 def _int(x) -> int:

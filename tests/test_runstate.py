@@ -1,0 +1,132 @@
+"""The run-state fold and process identity, on event logs written by a real EventWriter.
+
+The processes a test signals are `sleep` processes it starts itself and stops by PID.
+"""
+
+from __future__ import annotations
+
+import subprocess
+
+import pytest
+
+import workbench as wb
+from workbench import procs, rundir
+from workbench.events import EventReader, EventWriter
+from workbench.runstate import RunState
+from workbench.spec import load_spec
+
+
+@pytest.fixture
+def sleeper():
+    started = []
+
+    def start():
+        p = subprocess.Popen(["sleep", "300"])
+        started.append(p)
+        return p
+
+    yield start
+    for p in started:
+        p.kill()
+        p.wait()
+
+
+def make_run(tmp_path, **overrides):
+    spec = load_spec("demo", {"replicas": 3, "faults": [], **overrides})
+    return rundir.create(tmp_path / "runs", "r1", spec.to_dict())
+
+
+def test_fold_follows_a_group_through_kill_relaunch_and_heal(tmp_path):
+    run_dir = make_run(tmp_path)
+    ctl = EventWriter(run_dir, "controller", run="r1")
+    ctl.emit("start", role="controller")
+    ctl.emit("submit", replica=1, attempt=0, job_id="11")
+    a0 = EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0)
+    a0.emit("start", node="n1")
+    a0.emit("step", step=1, loss=4.0, committed=True, participating=True)
+    a0.emit("step", step=2, loss=3.5, committed=True, participating=True)
+    EventWriter(run_dir, "control-1", run="r1").emit("fault", action="kill", target=1, origin="api")
+    a0.emit("heartbeat", step=2)  # a late line of the killed attempt: ignored
+    ctl.emit("job", replica=1, attempt=0, job_id="11", state="ended", clean=False)
+    ctl.emit("restart", replica=1, attempt=1, reason="died")
+    ctl.emit("submit", replica=1, attempt=1, job_id="12")
+    state = RunState(3, 100)
+    state.apply(EventReader(run_dir).poll())
+    v = state.replicas[1]
+    assert (v.state, v.attempt, v.committed_step, v.loss) == ("dead", 0, 2, 3.5)
+    assert v.current_job() == (1, "12") and v.live_proc() is None
+    a1 = EventWriter(run_dir, "replica-1.attempt-1", run="r1", replica=1, attempt=1)
+    a1.emit("start", node="n2")
+    reader_state = RunState(3, 100)
+    reader_state.apply(EventReader(run_dir).poll())
+    v = reader_state.replicas[1]
+    assert (v.state, v.attempt, v.node, v.job_id, v.restarts) == ("starting", 1, "n2", "12", 1)
+    a1.emit("heal", step=2, seconds=0.1, bytes=1000)
+    a1.emit("step", step=3, loss=3.4, committed=True, participating=False)
+    a1.emit("step", step=4, loss=3.3, committed=True, participating=True)
+    reader_state = RunState(3, 100)
+    reader_state.apply(EventReader(run_dir).poll())
+    v = reader_state.replicas[1]
+    assert (v.state, v.committed_step) == ("participating", 4)
+    assert reader_state.counts() == {"faults": 1, "restarts": 1, "heals": 1}
+    assert reader_state.state == "running"
+
+
+def test_a_spares_takeover_names_the_groups_job(tmp_path):
+    """On Slurm a spare's takeover is a `restart` with the spare's job id, not a `submit`."""
+    run_dir = make_run(tmp_path)
+    ctl = EventWriter(run_dir, "controller", run="r1")
+    ctl.emit("submit", replica=2, attempt=0, job_id="20")
+    ctl.emit("submit", spare=0, job_id="30")
+    ctl.emit("job", replica=2, attempt=0, job_id="20", state="ended", clean=False)
+    ctl.emit("restart", replica=2, attempt=1, reason="died", spare=0, job_id="30")
+    state = RunState(3)
+    state.apply(EventReader(run_dir).poll())
+    assert state.replicas[2].current_job() == (1, "30")
+
+
+def test_a_reused_pid_is_never_signalled(tmp_path, sleeper):
+    """The recorded PID now belongs to another process (its start time differs): the kill is
+    refused with the reason, and that process lives on."""
+    run_dir = make_run(tmp_path)
+    stranger = sleeper()
+    ident = procs.identity(stranger.pid)
+    w = EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0)
+    w.emit("start", pid=stranger.pid, pid_start=ident["pid_start"] - 3600.0)
+    run = wb.attach(run_dir)
+    with pytest.raises(wb.FaultError, match="is now another process"):
+        run.kill(replica=1)
+    assert stranger.poll() is None
+
+
+def test_a_pid_recorded_without_start_time_is_not_signalled(tmp_path, sleeper):
+    run_dir = make_run(tmp_path)
+    stranger = sleeper()
+    EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0).emit(
+        "start", pid=stranger.pid, pid_start=None)
+    with pytest.raises(wb.FaultError, match="without its start time"):
+        wb.attach(run_dir).kill(replica=1)
+    assert stranger.poll() is None
+
+
+def test_stop_without_a_controller_kills_the_runs_processes_and_spares_strangers(tmp_path, sleeper):
+    run_dir = make_run(tmp_path)
+    ours, stranger = sleeper(), sleeper()
+    EventWriter(run_dir, "replica-0.attempt-0", run="r1", replica=0, attempt=0).emit(
+        "start", **procs.identity(ours.pid))
+    EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0).emit(
+        "start", pid=stranger.pid, pid_start=procs.start_time(stranger.pid) + 100.0)
+    status = wb.attach(run_dir).stop(timeout=5)
+    assert status["state"] == "stopped"
+    assert ours.wait(timeout=10) == -9
+    assert stranger.poll() is None
+
+
+def test_the_kill_signals_the_recorded_process(tmp_path, sleeper):
+    run_dir = make_run(tmp_path)
+    ours = sleeper()
+    EventWriter(run_dir, "replica-2.attempt-0", run="r1", replica=2, attempt=0).emit(
+        "start", **procs.identity(ours.pid))
+    event = wb.attach(run_dir).kill(replica=2, how="kill")
+    assert (event["action"], event["target"], event["pid"]) == ("kill", 2, ours.pid)
+    assert ours.wait(timeout=10) == -9
