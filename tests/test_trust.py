@@ -54,3 +54,19 @@ def test_malformed_event_lines_are_counted_and_the_run_goes_on(start_run, run_ro
     assert status["bad_lines"] >= 3
     controller_log = (run.run_dir / "controller.log").read_text()
     assert "Traceback" not in controller_log, controller_log
+
+
+def test_a_lone_group_that_is_slow_but_alive_is_not_a_hang_and_a_stopped_one_is(start_run, run_root):
+    """One replica group (as MaxText or ddp-restart run): a step slower than the hang timeout
+    (a compile, a checkpoint) keeps heartbeating and is no hang; SIGSTOP stops the heartbeat."""
+    run = start_run("demo", {"faults": [], "replicas": 1, "min_replicas": 1, "steps": 40, "heartbeat_s": 0.3,
+                             "hang.timeout_s": 1.0, "model.step_delay_s": 2.0, "run_root": str(run_root)})
+    run.wait_for_step(3, timeout=180)
+    hangs = [e for e in run._events if e["kind"] == "hang"]
+    assert hangs == [], hangs  # three 2 s steps with a 1 s timeout: no false alarm
+    fault = run.kill(replica=0, how="hang", seconds=4)
+    run.wait_for(lambda r: any(e["kind"] == "hang" for e in r._events), timeout=10)
+    hang = next(e for e in run._events if e["kind"] == "hang")
+    last_sign = max(e["t"] for e in run._events if e.get("replica") == 0 and e["t"] <= fault["t"])
+    assert hang["t"] - last_sign >= 1.0 and hang["t"] - fault["t"] < 3.5
+    run.stop()

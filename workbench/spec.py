@@ -13,7 +13,9 @@ it allows. Checks that need the world (a writable run root) are in
 
 from __future__ import annotations
 
+import ipaddress
 import os
+import re
 from pathlib import Path
 from typing import Any, Literal, Mapping, Optional, Sequence, Union
 
@@ -40,7 +42,10 @@ class LighthouseSpec(_Section):
     ``heartbeat_timeout_ms`` is how long a dead replica group holds survivors
     up: 1000 ms instead of torchft's 5000 ms default. The run controller
     restarts a lighthouse that died, on the same address, after
-    ``restart_delay_s`` (non-zero to study an outage).
+    ``restart_delay_s`` (non-zero to study an outage). On a backend whose runs
+    listen on loopback only (``local``), ``bind_host`` must be a loopback
+    address unless ``allow_non_loopback`` says otherwise: the lighthouse
+    would take quorum requests from the network.
     """
 
     heartbeat_timeout_ms: int = Field(1000, ge=50, le=600_000)
@@ -49,6 +54,7 @@ class LighthouseSpec(_Section):
     bind_host: str = "127.0.0.1"
     port: Optional[int] = Field(None, ge=1, le=65535)
     restart_delay_s: float = Field(0.0, ge=0, le=3600)
+    allow_non_loopback: bool = False
 
 
 class TorchftSpec(_Section):
@@ -113,6 +119,21 @@ def _fault_kind(name: str) -> str:
     if name not in faultkinds.KINDS:
         raise ValueError(f"got {name!r}; allowed: {', '.join(faultkinds.names())}")
     return name
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def _loopback_only(cluster: str) -> bool:
+    from .cluster import backend_class
+
+    return backend_class(cluster).loopback_only
 
 
 def _cluster_name(name: str) -> str:
@@ -182,6 +203,34 @@ class SlurmSpec(_Section):
     setup: list[str] = Field(default_factory=list)
     sbatch_args: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("sbatch_args")
+    @classmethod
+    def _sbatch_args(cls, v: dict[str, str]) -> dict[str, str]:
+        """submitit writes each as ``#SBATCH --key=value`` unquoted: a newline would be a shell line."""
+        for key, value in v.items():
+            if not SBATCH_KEY.fullmatch(key):
+                raise ValueError(f"key {key!r}: an sbatch option name; allowed: letters, digits and '-', "
+                                 "starting with a letter")
+            _one_line(f"[{key}]", value)
+        return v
+
+    @field_validator("srun_args", "setup")
+    @classmethod
+    def _lines(cls, v: list[str]) -> list[str]:
+        for i, value in enumerate(v):
+            _one_line(f"[{i}]", value)
+        return v
+
+
+SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,63}")
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _one_line(where: str, value: str) -> None:
+    if _CONTROL.search(value):
+        raise ValueError(f"{where}: {value!r} has a control character (newline, tab, ...); allowed: one line of "
+                         "printable text")
+
 
 class CheckpointSpec(_Section):
     """When the ``ddp-restart`` baseline writes its checkpoint: every ``every_steps`` committed
@@ -244,6 +293,11 @@ class Spec(_Section):
         for a in self.chaos.actions if self.chaos else ():
             if a not in here:
                 raise ValueError(f"chaos.actions: {a} is not a fault on cluster {self.cluster}; allowed: {', '.join(here)}")
+        lh = self.lighthouse
+        if _loopback_only(self.cluster) and not lh.allow_non_loopback and not is_loopback(lh.bind_host):
+            raise ValueError(f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "
+                             "run listens on 127.0.0.1 only (set lighthouse.allow_non_loopback: true to serve "
+                             "quorums to the network)")
         if self.spares and self.trainer != "torchft-lite":
             raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer torchft-lite only")
         if self.chaos and self.chaos.targets:
@@ -331,6 +385,7 @@ def resolve_config_path(config: str | os.PathLike) -> Path:
 
 
 MAX_YAML_ALIASES = 50
+MAX_DEPTH = 20
 MAX_CONFIG_BYTES = 1_000_000
 
 
@@ -347,9 +402,24 @@ def safe_yaml(text: str, where: str):
         aliases = sum(isinstance(tok, yaml.AliasToken) for tok in yaml.scan(text))
         if aliases > MAX_YAML_ALIASES:
             raise SpecError(f"{where}: {aliases} YAML aliases; at most {MAX_YAML_ALIASES} are allowed")
-        return yaml.safe_load(text)
+        data = yaml.safe_load(text)
     except yaml.YAMLError as e:
         raise SpecError(f"{where}: not valid YAML for safe loading ({e})") from None
+    except RecursionError:
+        raise SpecError(f"{where}: nested too deeply; a spec is at most {MAX_DEPTH} levels deep") from None
+    if _depth(data) > MAX_DEPTH:
+        raise SpecError(f"{where}: nested too deeply; a spec is at most {MAX_DEPTH} levels deep")
+    return data
+
+
+def _depth(x, level: int = 0) -> int:
+    if level > MAX_DEPTH:
+        return level
+    if isinstance(x, dict):
+        return max((_depth(v, level + 1) for v in x.values()), default=level + 1)
+    if isinstance(x, list):
+        return max((_depth(v, level + 1) for v in x), default=level + 1)
+    return level
 
 
 def load_yaml(path: Path) -> dict:
@@ -393,6 +463,8 @@ def load_spec(
     items.extend(kwargs.items())
     for key, value in items:
         _set_dotted(data, key, value)
+    if _depth(data) > MAX_DEPTH:
+        raise SpecError(f"spec: nested too deeply; a spec is at most {MAX_DEPTH} levels deep")
     try:
         return Spec.model_validate(data)
     except ValidationError as e:
