@@ -14,6 +14,22 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 
 
+IN_CI = os.environ.get("CI") == "true"
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """Under ``CI=true`` a skip is a failure: a missing prerequisite (MaxText's environment,
+    Slurm, chromium) must not let the suite pass green with part of it not run. A test that can
+    only run on hardware CI does not have says so with ``@pytest.mark.needs_hardware``."""
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("needs_hardware") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = f"skipped under CI=true, where every prerequisite must be present: {reason}"
+
+
 def kill_pids(pids) -> None:
     for pid in pids:
         try:
