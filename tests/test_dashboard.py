@@ -347,3 +347,21 @@ def test_a_checkpoint_restart_shows_a_restore_marker_and_the_steps_redone(tmp_pa
     restores = state.marker_arrays("restore")
     assert len(restores["label"]) == 1 and "checkpoint step 30" in restores["label"][0]
     assert len(state.marker_arrays("checkpoint")["label"]) == 3
+
+
+def test_panels_escape_what_event_files_say_and_use_decimal_units(tmp_path):
+    """Quorum ids and heal sources come from files any job writes: shown as text, never as HTML.
+    Sizes in decimal units, as `workbench summary` prints them (1,500,000 bytes is 1.5 MB)."""
+    from workbench import rundir
+    from workbench.events import EventWriter
+    from workbench.spec import load_spec
+
+    run_dir = rundir.create(tmp_path / "runs", "esc", load_spec("demo", {"faults": []}).to_dict())
+    w = EventWriter(run_dir, "replica-1.attempt-1", run="esc", replica=1, attempt=1)
+    w.emit("quorum", quorum_id="<img src=x onerror=alert(1)>", step=3, participants=2)
+    w.emit("heal", step=3, seconds=0.5, bytes=1_500_000, from_address="<script>alert(2)</script>")
+    d = Dashboard(run_dir, start=False)
+    panels = d.quorum_panel.value + d.heal_panel.value
+    assert "<img" not in panels and "<script>" not in panels
+    assert "&lt;img src=x onerror=alert(1)&gt;" in panels and "&lt;script&gt;" in panels
+    assert "1.5 MB" in d.heal_panel.value

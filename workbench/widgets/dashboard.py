@@ -78,21 +78,24 @@ def active_dashboards() -> dict[str, "Dashboard"]:
 
 
 def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
+    """A value as HTML text, escaped: quorum ids, heal sources and hosts come from event files."""
     if value is None:
         return "–"
     try:
-        return f"{value:{spec}}{unit}"
+        text = f"{value:{spec}}{unit}"
     except (TypeError, ValueError):
-        return html.escape(str(value))
+        text = str(value)
+    return html.escape(text, quote=True)
 
 
 def _bytes(n: Optional[float]) -> str:
-    if n is None:
+    """Decimal units (1 MB = 10^6 bytes), as the CLI and the benchmarks print them."""
+    if n is None or not isinstance(n, (int, float)):
         return "–"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if abs(n) < 1024 or unit == "TB":
+    for unit in ("B", "kB", "MB", "GB", "TB"):
+        if abs(n) < 1000 or unit == "TB":
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
+        n /= 1000
     return "–"
 
 
