@@ -38,3 +38,40 @@ def test_lighthouse_killed_mid_run_and_a_replica_killed_while_it_is_down(start_r
     after = {e["quorum_id"] for e in events if e["kind"] == "quorum" and e["t"] > ups[1]["t"]}
     assert after and not (before & after)
     assert analysis.max_committed_step(events) == 900
+
+
+def test_a_restart_that_finds_its_port_taken_is_retried_and_the_run_goes_on(start_run):
+    """Another process holds the lighthouse's port while it restarts (the race a free-port pick
+    can lose): the controller retries with backoff, never blocked, and the run completes."""
+    import socket
+    import time
+    from urllib.parse import urlparse
+
+    run = start_run("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 600,
+                             "lighthouse.restart_delay_s": 1.0})
+    run.wait_for_step(100, timeout=240)
+    address = urlparse(next(e for e in run._events if e["kind"] == "lighthouse")["address"])
+    run.fault("lighthouse_kill")
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    deadline = time.monotonic() + 0.8
+    while True:
+        try:
+            squatter.bind((address.hostname, address.port))
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "could not take the dead lighthouse's port"
+            time.sleep(0.01)
+    squatter.listen(1)
+    try:
+        def failed_restarts(r):
+            return [e for e in r._events if e["kind"] == "warning" and "lighthouse restart" in e.get("message", "")]
+
+        run.wait_for(lambda r: len(failed_restarts(r)) >= 2, timeout=20)  # tried, backed off, tried again
+    finally:
+        squatter.close()
+        held_until = time.time()
+    status = run.wait(timeout=300)
+    assert status["state"] == "completed", status
+    ups = [e for e in run._events if e["kind"] == "lighthouse" and e["state"] == "up"]
+    assert len(ups) == 2 and ups[1]["address"] == ups[0]["address"] and ups[1]["t"] > held_until

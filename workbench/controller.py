@@ -42,6 +42,9 @@ from .spec import Spec
 from .trainers import ELASTIC, JobContext, job_entrypoint, quorum_epochs
 
 POLL_S = 0.1
+LIGHTHOUSE_START_S = 30.0
+LIGHTHOUSE_RETRIES = 8
+LIGHTHOUSE_BACKOFF_S = 0.5
 
 
 @dataclasses.dataclass
@@ -70,6 +73,9 @@ class Controller:
         self.elastic = self.spec.trainer in ELASTIC
         self.lighthouse: Optional[Lighthouse] = None
         self.lighthouse_down_t: Optional[float] = None
+        self.lighthouse_next_try = 0.0
+        self.lighthouse_pending: Optional[float] = None  # launched, not listening yet: give up at this time
+        self.lighthouse_failures = 0
         self.slots = {r: ReplicaSlot(r) for r in range(self.spec.replicas if self.elastic else 1)}
         self.run_state = RunState(len(self.slots), self.spec.steps)
         self.exits: dict[tuple[int, int], dict] = {}
@@ -282,18 +288,44 @@ class Controller:
 
     # -- lighthouse and faults ----------------------------------------------
     def _supervise_lighthouse(self) -> None:
-        lh = self.lighthouse
-        if lh is None or lh.alive():
+        """Restart a dead lighthouse on the same address, without ever blocking the loop: launch,
+        then check each tick whether it listens. A start that fails (its port was taken meanwhile,
+        say) is retried with exponential backoff, ``LIGHTHOUSE_RETRIES`` times, then the run fails."""
+        lh, now = self.lighthouse, time.time()
+        if lh is None:
+            return
+        if self.lighthouse_pending is not None:
+            try:
+                if lh.ready():
+                    self.lighthouse_pending, self.lighthouse_down_t, self.lighthouse_failures = None, None, 0
+                    self._lighthouse_event("up", restarted=True)
+                    return
+                if now < self.lighthouse_pending:
+                    return
+                error = f"did not listen within {LIGHTHOUSE_START_S:.0f} s"
+            except RuntimeError as e:
+                error = str(e)
+            lh.stop()
+            self.lighthouse_pending = None
+            self.lighthouse_failures += 1
+            if self.lighthouse_failures > LIGHTHOUSE_RETRIES:
+                raise RuntimeError(f"lighthouse: {self.lighthouse_failures} restarts failed, the last: {error}")
+            backoff = min(LIGHTHOUSE_BACKOFF_S * 2 ** (self.lighthouse_failures - 1), 10.0)
+            self.lighthouse_next_try = now + backoff
+            self.writer.emit("warning", message=f"lighthouse restart {self.lighthouse_failures} failed ({error}); "
+                                                f"retrying in {backoff:.1f} s")
+            return
+        if lh.alive():
             return
         if self.lighthouse_down_t is None:
-            self.lighthouse_down_t = time.time()
+            self.lighthouse_down_t = now
+            self.lighthouse_next_try = now + self.spec.lighthouse.restart_delay_s
             self._lighthouse_event("down", returncode=lh.proc.returncode)
-        if time.time() < self.lighthouse_down_t + self.spec.lighthouse.restart_delay_s:
+        if now < self.lighthouse_next_try:
             return
         self._write_lighthouse_epoch()
-        lh.start()
-        self.lighthouse_down_t = None
-        self._lighthouse_event("up", restarted=True)
+        lh.launch()
+        self.lighthouse_pending = now + LIGHTHOUSE_START_S
 
     def _lighthouse_event(self, state: str, **fields: Any) -> None:
         lh = self.lighthouse

@@ -60,22 +60,32 @@ class Lighthouse:
         ]
 
     def start(self, timeout: float = 30.0) -> None:
+        """Launch and wait until it listens (the run's first start; restarts use launch/ready)."""
+        self.launch()
+        deadline = time.monotonic() + timeout
+        while not self.ready():
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"lighthouse did not listen on {self.host}:{self.port} within {timeout}s")
+            time.sleep(0.05)
+
+    def launch(self) -> None:
+        """Start the process; returns at once."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / "lighthouse.log", "ab")
         env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")}
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.starts += 1
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"lighthouse exited with {self.proc.returncode}; see {self.log_dir}/lighthouse.log")
-            try:
-                with socket.create_connection((self.host, self.port), timeout=0.5):
-                    return
-            except OSError:
-                time.sleep(0.05)
-        raise RuntimeError(f"lighthouse did not listen on {self.host}:{self.port} within {timeout}s")
+
+    def ready(self) -> bool:
+        """True once it accepts connections; RuntimeError if it exited (its port taken, say)."""
+        if self.proc.poll() is not None:
+            raise RuntimeError(f"lighthouse exited with {self.proc.returncode}; see {self.log_dir}/lighthouse.log")
+        try:
+            with socket.create_connection((self.host, self.port), timeout=0.05):
+                return True
+        except OSError:
+            return False
 
     @property
     def pid(self) -> int | None:
