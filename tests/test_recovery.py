@@ -4,15 +4,9 @@ import numpy as np
 import pytest
 
 from workbench import analysis
+from workbench.soak import unexplained_crashes
 
 pytestmark = pytest.mark.slow
-
-
-def _crashes(events):
-    """Attempts that ended without completing and without an injected fault to explain it."""
-    faulted = {(e["target"]) for e in events if e["kind"] == "fault" and isinstance(e.get("target"), int)}
-    ended = [e for e in events if e["kind"] == "job" and not e.get("clean")]
-    return [e for e in ended if e["replica"] not in faulted]
 
 
 def test_chaos_run_with_random_kills_and_hangs_reaches_its_target(start_run):
@@ -25,7 +19,7 @@ def test_chaos_run_with_random_kills_and_hangs_reaches_its_target(start_run):
     events = run.event_records()
     fault_events = [e for e in events if e["kind"] == "fault" and e["action"] in ("kill", "hang")]
     assert len(fault_events) == 10, [e for e in events if e["kind"] == "warning"]
-    assert _crashes(events) == []
+    assert unexplained_crashes(events) == []
     timeline = analysis.recovery_timeline(events)
     assert len(timeline) == 10
     assert timeline["complete"].all(), timeline.to_string()

@@ -19,3 +19,22 @@ def test_short_soak_holds_every_invariant(start_run):
         "state", "survivor_crashes", "duplicate_committed_steps", "steps_going_back", "final_weights_distinct",
         "restores_of_non_durable_checkpoints", "timeline_incomplete")}
     assert result["invariants_hold"], broken
+
+
+def test_a_crash_of_a_group_that_was_killed_earlier_still_counts(tmp_path):
+    """Group 1's first attempt is killed (explained); its second attempt dies with no fault aimed
+    at it: a crash, although group 1 was a fault's target once."""
+    from workbench.events import EventReader, EventWriter
+    from workbench.soak import unexplained_crashes
+
+    ctl = EventWriter(tmp_path, "controller", run="r")
+    control = EventWriter(tmp_path, "control-1", run="r")
+    ctl.emit("submit", replica=1, attempt=0, job_id="1")
+    control.emit("fault", action="kill", target=1, attempt=0, origin="schedule")
+    ctl.emit("job", replica=1, attempt=0, job_id="1", state="ended", clean=False, reason="died")
+    ctl.emit("submit", replica=1, attempt=1, job_id="2")
+    ctl.emit("job", replica=1, attempt=1, job_id="2", state="ended", clean=False, reason="error")
+    ctl.emit("submit", replica=2, attempt=0, job_id="3")
+    ctl.emit("job", replica=2, attempt=0, job_id="3", state="ended", clean=False, reason="stopped")
+    crashes = unexplained_crashes(EventReader(tmp_path).poll())
+    assert [(e["replica"], e["attempt"]) for e in crashes] == [(1, 1)]

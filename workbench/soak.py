@@ -9,8 +9,8 @@ short one.
 Invariants, each computed from events only:
 
 - the run completed its target step;
-- no survivor crashed: every attempt that ended without completing was the
-  target of an injected fault;
+- no survivor crashed: every attempt that ended without completing was itself
+  the target of an injected fault (``unexplained_crashes``);
 - every committed step of every replica attempt is recorded exactly once, and
   within an attempt committed steps only go up;
 - the replicas' weights are identical at the end;
@@ -35,11 +35,36 @@ from . import analysis, faultkinds
 from .run import Run, submit
 
 
+def unexplained_crashes(events: list[dict]) -> list[dict]:
+    """``job`` events of attempts that ended unclean with no fault aimed at that very attempt.
+
+    An attempt of group r lives from its ``submit`` (or a spare's takeover ``restart``) to the
+    ``job`` event that ends it. A fault explains the end if it targeted r while that attempt
+    was r's current one: the fault's ``attempt`` where the backend recorded it, else its time
+    inside the attempt's life. A group whose *earlier* attempt was killed is no alibi for a
+    later crash. An attempt the controller stopped itself (``reason: stopped``) did not crash.
+    """
+    born: dict[tuple, float] = {}
+    for e in events:
+        if e["kind"] in ("submit", "restart") and isinstance(e.get("replica"), int):
+            born.setdefault((e["replica"], e.get("attempt", 0)), e["t"])
+    faults = [e for e in events if e["kind"] == "fault" and e.get("action") != faultkinds.RESUME
+              and isinstance(e.get("target"), int)]
+    out = []
+    for job in events:
+        if job["kind"] != "job" or job.get("clean") or job.get("reason") == "stopped":
+            continue
+        r, a = job.get("replica"), job.get("attempt", 0)
+        t0 = born.get((r, a), float("-inf"))
+        explained = any(f["target"] == r and (f.get("attempt") == a or t0 <= f["t"] <= job["t"]) for f in faults)
+        if not explained:
+            out.append(job)
+    return out
+
+
 def check_invariants(run: Run) -> dict:
     events = run.event_records()
-    faulted = {e["target"] for e in events if e["kind"] == "fault" and isinstance(e.get("target"), int)}
-    failed_jobs = [e for e in events if e["kind"] == "job" and not e.get("clean")]
-    crashes = [e for e in failed_jobs if e["replica"] not in faulted]
+    crashes = unexplained_crashes(events)
     df = run.metrics()
     committed = df[df["committed"].astype(bool)] if not df.empty else df
     duplicates = int(committed.duplicated(["replica", "attempt", "step"]).sum()) if not df.empty else 0
