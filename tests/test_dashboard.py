@@ -290,7 +290,8 @@ def test_state_ignores_garbage_fields():
         {"t": 3.0, "kind": "fault", "action": "lighthouse_kill", "target": "lighthouse", "origin": "api"},
         {"t": 4.0, "kind": "unknown"},
     ])
-    assert len(s.loss[0]) == 0 and s.markers[0].kind == "fault" and s.markers[0].replica is None
+    assert len(s.loss[0]) == 0 and [m.kind for m in s.markers] == ["diverged", "fault"]
+    assert s.markers[1].replica is None
 
 
 @pytest.fixture
@@ -365,3 +366,24 @@ def test_panels_escape_what_event_files_say_and_use_decimal_units(tmp_path):
     assert "<img" not in panels and "<script>" not in panels
     assert "&lt;img src=x onerror=alert(1)&gt;" in panels and "&lt;script&gt;" in panels
     assert "1.5 MB" in d.heal_panel.value
+
+
+def test_a_diverged_loss_is_marked_on_the_plot_and_the_tile(tmp_path):
+    """NaN is not plotted (no y), so it must be marked: the tile says diverged, and the plot has
+    a `diverged` marker at that step; status reports the step too."""
+    import workbench as wb
+    from workbench import rundir
+    from workbench.events import EventWriter
+    from workbench.spec import load_spec
+
+    run_dir = rundir.create(tmp_path / "runs", "nan", load_spec("demo", {"faults": [], "replicas": 2}).to_dict())
+    w = EventWriter(run_dir, "replica-0.attempt-0", run="nan", replica=0, attempt=0)
+    w.emit("start")
+    for step, loss in [(1, 3.0), (2, 2.5), (3, float("nan")), (4, float("nan"))]:
+        w.emit("step", step=step, loss=loss, committed=True, participating=True)
+    d = Dashboard(run_dir, start=False)
+    assert "data-replica='0' data-state='participating' data-attempt='0' data-step='4' data-diverged='3'" in d.tiles.value
+    assert "diverged at step 3" in d.tiles.value and "data-diverged=''" in d.tiles.value  # replica 1 did not
+    diverged = d.figure.data[d._marker_trace["diverged"]]
+    assert list(diverged.customdata) == [3.0] and list(diverged.y) == [2.5]
+    assert wb.attach(run_dir).status()["replicas"]["0"]["diverged_at"] == 3

@@ -67,6 +67,7 @@ class ReplicaView:
     hosts: list = dataclasses.field(default_factory=list)
     restarts: int = 0
     steps_lost: int = 0
+    diverged_at: Optional[int] = None  # the first step whose loss was NaN or infinite
     dead_attempt: int = -1
     hang: Optional[dict] = None
     procs: dict = dataclasses.field(default_factory=dict)  # attempt -> Proc
@@ -95,7 +96,7 @@ class ReplicaView:
             "state": self.state, "attempt": self.attempt, "step": self.step or 0,
             "pid": self.proc.pid if self.proc else None, "host": self.proc.host if self.proc else None,
             "job_id": self.job_id, "node": self.node, "t": self.last_seen, "loss": self.loss,
-            "restarts": self.restarts,
+            "restarts": self.restarts, "diverged_at": self.diverged_at,
         }
 
 
@@ -283,8 +284,8 @@ class RunState:
         loss = e.get("loss")
         if isinstance(loss, (int, float)) and not isinstance(loss, bool):
             v.loss = float(loss)
-        elif loss is None and "loss" in e:
-            v.loss = math.nan
+            if not math.isfinite(loss) and v.diverged_at is None and e.get("participating") is not False:
+                v.diverged_at = step if isinstance(step, int) else v.step
         for field in ("step_time_s", "tokens_per_s", "mem_gb"):
             if e.get(field) is not None:
                 setattr(v, field, e[field])

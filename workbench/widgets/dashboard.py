@@ -56,6 +56,7 @@ MARKER_STYLE = {
     "heal": dict(symbol="triangle-up", size=12, color="#00c853", line=dict(width=1, color="#1b5e20")),
     "checkpoint": dict(symbol="diamond", size=10, color="#ffd600", line=dict(width=1, color="#6d5f00")),
     "restore": dict(symbol="star", size=14, color="#ff6d00", line=dict(width=1, color="#7f3600")),
+    "diverged": dict(symbol="octagon", size=14, color="#000000", line=dict(width=2, color="#d50000")),
 }
 _STYLE = """<style>
 .wb-tiles{display:flex;flex-wrap:wrap;gap:6px}
@@ -172,7 +173,8 @@ class Dashboard(w.VBox):
         ]
         for kind, style in MARKER_STYLE.items():
             traces.append(go.Scatter(
-                x=[], y=[], mode="markers", name={"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts"}[kind],
+                x=[], y=[], mode="markers", name={"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts",
+                                         "diverged": "diverged"}[kind],
                 marker=style, hovertemplate="%{text}<br>step %{customdata:.0f}<br>loss %{y:.4f}<extra></extra>",
             ))
         self._trace_of = {r: r for r in replicas}
@@ -300,8 +302,12 @@ class Dashboard(w.VBox):
             hosts = ", ".join(t.hosts) or "–"
             parts.append(
                 f"<div class='wb-tile' data-replica='{r}' data-state='{t.state}' data-attempt='{t.attempt}' "
-                f"data-step='{t.step if t.step is not None else ''}' style='background:{STATE_COLORS.get(t.state, '#555')}'>"
-                f"<b>replica {r}</b> · <span class='wb-tile-state'>{t.state}</span><br>"
+                f"data-step='{t.step if t.step is not None else ''}' data-diverged='{_fmt(t.diverged_at) if t.diverged_at is not None else ''}' "
+                f"style='background:{STATE_COLORS.get(t.state, '#555')}"
+                + (";outline:3px solid #000" if t.diverged_at is not None else "") + "'>"
+                f"<b>replica {r}</b> · <span class='wb-tile-state'>{t.state}</span>"
+                + (f" · <b class='wb-diverged'>diverged at step {_fmt(t.diverged_at)}</b>" if t.diverged_at is not None else "")
+                + "<br>"
                 f"step {_fmt(t.step)} · attempt {t.attempt}"
                 + (f" · {t.steps_lost} steps redone" if t.steps_lost else "") + "<br>"
                 f"heartbeat {_fmt(age, '.1f', ' s')} ago<br>"

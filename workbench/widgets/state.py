@@ -25,7 +25,7 @@ from ..runstate import REPLICA_STATES, ReplicaView, RunState
 Tile = ReplicaView
 
 STATES = REPLICA_STATES
-MARKER_KINDS = ("fault", "heal", "checkpoint", "restore")
+MARKER_KINDS = ("fault", "heal", "checkpoint", "restore", "diverged")
 QUIET_KINDS = frozenset({"step", "heartbeat", "commit"})
 
 
@@ -132,6 +132,7 @@ class DashboardState:
         self.tail: collections.deque = collections.deque(maxlen=tail)
         self.markers_version = 0
         self.quorum_version = 0
+        self._diverged: set = set()
 
     # -- what the fold knows -----------------------------------------------------
     @property
@@ -202,10 +203,16 @@ class DashboardState:
         series = self._series(e.get("replica"))
         loss = e.get("loss")
         # A healing step's loss is its forward on the weights it had before the heal: not plotted.
-        if (series is not None and isinstance(loss, (int, float)) and not isinstance(loss, bool) and math.isfinite(loss)
-                and e.get("participating") is not False):
+        numeric = isinstance(loss, (int, float)) and not isinstance(loss, bool)
+        if series is not None and numeric and e.get("participating") is not False:
             step = e.get("step")
-            series.append(t, float(step) if isinstance(step, (int, float)) else 0.0, float(loss), _int(e.get("attempt")))
+            if math.isfinite(loss):
+                series.append(t, float(step) if isinstance(step, (int, float)) else 0.0, float(loss), _int(e.get("attempt")))
+            elif e.get("replica") not in self._diverged:
+                # Not plotted (no y for NaN), but marked: a divergence must be visible.
+                self._diverged.add(e.get("replica"))
+                self._pending_markers.append({"kind": "diverged", "e": e,
+                                              "label": f"replica {e.get('replica')} diverged: loss {loss} at step {step}"})
         qid = e.get("quorum_id")
         if qid is not None:
             self._quorum(t, qid, e.get("step"), e.get("participants"))
