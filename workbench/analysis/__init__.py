@@ -33,8 +33,8 @@ __all__ = [
 
 
 def status(events: list[dict], spec) -> dict:
-    """Where the run stands now (the dashboard's and the CLI's status line). Kept here until the
-    run-state fold replaces it: it joins ``state`` and ``summary.counts``, which import each other's side."""
+    """Where the run stands now (the CLI's and ``Run.status``'s answer). Here, not in ``state``, because it
+    needs ``summary.counts`` and ``summary`` needs ``state``; the run-state fold will replace it."""
     return {
         "state": run_state(events),
         "trainer": spec.trainer,
