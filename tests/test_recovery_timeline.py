@@ -49,6 +49,17 @@ class HandLog:
         for r in groups:
             self.emit(r, "quorum", t, quorum_id=int(t * 100))
 
+    def peer_lost(self, t, quorum_at, groups):
+        """The step at ``t`` is voted down; ``groups`` then form a quorum without the lost peer."""
+        self.ticks([t], groups, 3, vote_down=True)
+        self.quorum(quorum_at, groups)
+
+    def rejoin(self, replica, quorum_at, heal_seconds):
+        """A quorum of all; ``replica`` heals 0.125 s later and steps once without taking part."""
+        self.quorum(quorum_at, [0, 1, 2])
+        self.emit(replica, "heal", quorum_at + 0.125, step=self.step, seconds=heal_seconds, bytes=1000)
+        self.ticks([math.ceil(quorum_at)], [0, 1, 2], 3, healing=[replica])
+
     def ticks(self, ts, groups, participants, vote_down=False, healing=()):
         for t in ts:
             for r in groups:
@@ -67,38 +78,29 @@ def hand_log(run_dir) -> list[dict]:
     log.quorum(-1, [0, 1, 2])
     log.ticks(range(1, 11), [0, 1, 2], 3)
     log.fault(10.5, "kill", 1)
-    log.ticks([11], [0, 2], 3, vote_down=True)
-    log.quorum(11.25, [0, 2])
+    log.peer_lost(11, 11.25, [0, 2])
     log.ticks([12, 13, 14], [0, 2], 2)
     log.relaunch(1, 1, start=12.5, imports_done=13.5)
-    log.quorum(14.75, [0, 1, 2])
-    log.emit(1, "heal", 14.875, step=log.step, seconds=0.125, bytes=1000)
-    log.ticks([15], [0, 1, 2], 3, healing=[1])
+    log.rejoin(1, 14.75, heal_seconds=0.125)
     log.ticks(range(16, 21), [0, 1, 2], 3)
     log.fault(20.5, "hang", 2, seconds=2.0)
-    log.ticks([21], [0, 1], 3, vote_down=True)
-    log.quorum(21.25, [0, 1])
+    log.peer_lost(21, 21.25, [0, 1])
     log.ticks([22, 23], [0, 1], 2)
     log.fault(22.5, "resume", 2)
-    log.quorum(23.75, [0, 1, 2])
-    log.emit(2, "heal", 23.875, step=log.step, seconds=0.25, bytes=1000)
-    log.ticks([24], [0, 1, 2], 3, healing=[2])
+    log.rejoin(2, 23.75, heal_seconds=0.25)
     log.ticks(range(25, 31), [0, 1, 2], 3)
     log.control.emit("fault", t=BASE + 30.5, action="lighthouse_kill", target="lighthouse", origin="schedule")
     log.controller.emit("lighthouse", t=BASE + 30.75, state="down")
     log.controller.emit("lighthouse", t=BASE + 31.5, state="up", pid=1)
     log.ticks(range(33, 41), [0, 1, 2], 3)
     log.fault(40.5, "kill", 1)
-    log.ticks([41], [0, 2], 3, vote_down=True)
-    log.quorum(41.5, [0, 2])
+    log.peer_lost(41, 41.5, [0, 2])
     log.ticks([42, 43], [0, 2], 2)
     log.relaunch(1, 2, start=42.5)
     log.fault(43.25, "kill", 1)
     log.ticks([44, 45, 46], [0, 2], 2)
     log.relaunch(1, 3, start=44.5, imports_done=45.5)
-    log.quorum(46.75, [0, 1, 2])
-    log.emit(1, "heal", 46.875, step=log.step, seconds=0.125, bytes=1000)
-    log.ticks([47], [0, 1, 2], 3, healing=[1])
+    log.rejoin(1, 46.75, heal_seconds=0.125)
     log.ticks(range(48, 51), [0, 1, 2], 3)
     return sorted(EventReader(run_dir).poll(), key=lambda e: e["t"])
 
