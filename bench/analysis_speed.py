@@ -4,7 +4,8 @@
 writes a synthetic torchft-lite-like log with a real :class:`EventWriter`
 (3 replica groups stepping in lockstep, a ``commit`` and a ``step`` event per
 group and step, heartbeats; kills, hangs and lighthouse kills spread evenly)
-and prints the median of 5 timings. ``--module`` times another copy of the
+and prints the median of 5 timings, of the two called alone and of the two
+given one precomputed timeline. ``--module`` times another copy of the
 analysis (a file or package directory), for before/after comparisons.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import inspect
 import statistics
 import sys
 import tempfile
@@ -135,14 +137,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         events = synthetic_log(Path(d), args.events, args.faults)
     n_faults = sum(1 for e in events if e["kind"] == "fault" and e.get("action") != "resume")
-    times = []
-    for _ in range(args.reps):
-        t0 = time.perf_counter()
-        analysis.summary(events, spec)
-        analysis.goodput(events, spec)
-        times.append(time.perf_counter() - t0)
-    print(f"{len(events)} events, {n_faults} faults: summary + goodput median {statistics.median(times):.3f} s "
-          f"(of {args.reps}: {', '.join(f'{x:.3f}' for x in times)})")
+    def timed(run) -> list[float]:
+        times = []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        return times
+
+    def shared():
+        timeline = analysis.recovery_timeline(events)
+        analysis.summary(events, spec, timeline)
+        analysis.goodput(events, spec, timeline)
+
+    results = {"summary + goodput": timed(lambda: (analysis.summary(events, spec), analysis.goodput(events, spec)))}
+    if "timeline" in inspect.signature(analysis.goodput).parameters:
+        results["timeline, then summary + goodput given it"] = timed(shared)
+    for name, times in results.items():
+        print(f"{len(events)} events, {n_faults} faults: {name}: median {statistics.median(times):.3f} s "
+              f"(of {args.reps}: {', '.join(f'{x:.3f}' for x in times)})")
     return 0
 
 

@@ -124,36 +124,46 @@ class _Log:
 
     def __init__(self, events: list[dict]) -> None:
         self.events = sorted(events, key=lambda e: e.get("t", 0.0))
-        by_kind: dict = defaultdict(list)
-        by_replica: dict = defaultdict(list)
+        self._by_kind: dict = defaultdict(list)
+        self._by_replica: dict = defaultdict(list)
+        committed: dict = {}  # every group that stepped: its committed steps
+        relaunched = set()
         for e in self.events:
-            by_kind[e.get("kind")].append(e)
-            by_replica[(e.get("replica"), e.get("kind"))].append(e)
-        self._by_kind = {k: _Series(v) for k, v in by_kind.items()}
-        self._by_replica = {k: _Series(v) for k, v in by_replica.items()}
-        self.failed_commits = _Series([e for e in by_kind["commit"] if e.get("commit_result") is False])
-        self.has_quorums = bool(by_kind["quorum"])
-        committed = [e for e in by_kind["step"] if e.get("committed")]
-        self.committed = _Series(committed)
-        replicas = {e.get("replica") for e in by_kind["step"]} - {None}
-        self.committed_by_replica = {r: _Series([e for e in committed if e.get("replica") == r]) for r in replicas}
-        faults = by_kind["fault"]
-        self.resumes_by_target: dict = defaultdict(list)
+            kind, replica = e.get("kind"), e.get("replica")
+            self._by_kind[kind].append(e)
+            self._by_replica[(replica, kind)].append(e)
+            if kind == "step":
+                steps = committed.setdefault(replica, [])
+                if e.get("committed"):
+                    steps.append(e)
+                if e.get("attempt", 0) != 0:
+                    relaunched.add(replica)
+        self._series: dict = {}
+        committed.pop(None, None)
+        self.committed_by_replica = {r: _Series(v) for r, v in committed.items()}
+        self.committed = _Series([e for e in self._by_kind["step"] if e.get("committed")])
+        self.failed_commits = _Series([e for e in self._by_kind["commit"] if e.get("commit_result") is False])
+        self.has_quorums = bool(self._by_kind["quorum"])
+        faults = self._by_kind["fault"]
+        resumes: dict = defaultdict(list)
         for e in faults:
             if e.get("action") == faultkinds.RESUME:
-                self.resumes_by_target[e.get("target")].append(e)
-        self.resumes_by_target = {k: _Series(v) for k, v in self.resumes_by_target.items()}
+                resumes[e.get("target")].append(e)
+        self.resumes_by_target = {k: _Series(v) for k, v in resumes.items()}
         self.victims = {e.get("target") for e in faults if isinstance(e.get("target"), int)}
-        relaunched = {e.get("replica") for e in by_kind["step"] if e.get("attempt", 0) != 0}
         self.survivors = {r: _Survivor(self.committed_by_replica[r].events)
-                          for r in sorted(replicas - self.victims - relaunched)}
+                          for r in sorted(set(committed) - self.victims - relaunched)}
         self._cummax: dict = {}
 
     def kind(self, kind: str) -> _Series:
-        return self._by_kind.get(kind, _EMPTY)
+        if kind not in self._series:
+            self._series[kind] = _Series(self._by_kind.get(kind, []))
+        return self._series[kind]
 
     def of(self, replica, kind: str) -> _Series:
-        return self._by_replica.get((replica, kind), _EMPTY)
+        if (replica, kind) not in self._series:
+            self._series[(replica, kind)] = _Series(self._by_replica.get((replica, kind), []))
+        return self._series[(replica, kind)]
 
     def steps_until(self, replica, t: float) -> tuple[Optional[dict], int]:
         """The group's last step event at or before ``t``, and its highest committed step by then."""
