@@ -123,15 +123,14 @@ class _Log:
     """A run's events sorted once by time, indexed by (replica, kind) and by kind."""
 
     def __init__(self, events: list[dict]) -> None:
-        self.events = sorted(events, key=lambda e: e.get("t", 0.0))
         self._by_kind: dict = defaultdict(list)
-        self._by_replica: dict = defaultdict(list)
+        self._by_replica_kind: dict = defaultdict(list)
         committed: dict = {}  # every group that stepped: its committed steps
         relaunched = set()
-        for e in self.events:
+        for e in sorted(events, key=lambda e: e.get("t", 0.0)):
             kind, replica = e.get("kind"), e.get("replica")
             self._by_kind[kind].append(e)
-            self._by_replica[(replica, kind)].append(e)
+            self._by_replica_kind[(replica, kind)].append(e)
             if kind == "step":
                 steps = committed.setdefault(replica, [])
                 if e.get("committed"):
@@ -162,7 +161,7 @@ class _Log:
 
     def of(self, replica, kind: str) -> _Series:
         if (replica, kind) not in self._series:
-            self._series[(replica, kind)] = _Series(self._by_replica.get((replica, kind), []))
+            self._series[(replica, kind)] = _Series(self._by_replica_kind.get((replica, kind), []))
         return self._series[(replica, kind)]
 
     def steps_until(self, replica, t: float) -> tuple[Optional[dict], int]:
