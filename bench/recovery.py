@@ -1,9 +1,10 @@
 """From the sessions' event logs to the recovery, throughput and startup figures.
 
-- kill recovery (torchft-lite runs with kills): per kill, the survivors'
-  stall beyond a normal step (``analysis.fault_recoveries``), the victim's
-  kill → participating time (a fresh process, relaunched by the controller),
-  and per run the survivors' lost and discarded steps (``analysis.summary``).
+- kill recovery (torchft-lite runs with kills): per fault that ended a process,
+  from the run's one ``analysis.recovery_timeline``, the survivors' stall
+  beyond a normal step and the victim's kill → participating time (a fresh
+  process, relaunched by the controller), and per run the survivors' lost and
+  discarded steps (``analysis.summary``).
 - throughput: the steady-state (fault-free) rate of each run and the useful
   rate under kills, both in committed samples/s via ``workbench.breakeven.
   throughput`` (``analysis.goodput``'s window and steady-state rate, each
@@ -25,19 +26,15 @@ from .sessions import RunRecord
 
 
 def kill_recoveries(records: list[RunRecord]) -> pd.DataFrame:
+    """One row per fault that ended a process, from the run's one recovery timeline."""
     rows = []
     for rec in records:
-        fr = analysis.fault_recoveries(rec.events)
-        timeline = analysis.recovery_timeline(rec.events)
-        for i, f in enumerate(fr.itertuples()):
-            tl = timeline.iloc[i] if i < len(timeline) else None
+        for _, f in rec.timeline[analysis.ends_process(rec.timeline)].iterrows():
             rows.append({
-                "variant": rec.variant, "run_dir": rec.run_dir, "target": f.target,
-                "survivor_stall_s": f.survivor_stall_s, "kill_to_participating_s": f.kill_to_rejoin_s,
-                "replacement_started_s": None if tl is None else tl["replacement_started"],
-                "imports_done_s": None if tl is None else tl["imports_done"],
-                "heal_done_s": None if tl is None else tl["heal_done"],
-                "steps_lost_by_victim": None if tl is None else tl["steps_lost"],
+                "variant": rec.variant, "run_dir": rec.run_dir, "target": f["target"],
+                "survivor_stall_s": f["survivor_stall_s"], "kill_to_participating_s": f["participating"],
+                "replacement_started_s": f["replacement_started"], "imports_done_s": f["imports_done"],
+                "heal_done_s": f["heal_done"], "steps_lost_by_victim": f["steps_lost"],
             })
     return pd.DataFrame(rows)
 
@@ -45,7 +42,7 @@ def kill_recoveries(records: list[RunRecord]) -> pd.DataFrame:
 def survivor_steps(records: list[RunRecord]) -> pd.DataFrame:
     rows = []
     for rec in records:
-        s = analysis.summary(rec.events, rec.spec)
+        s = analysis.summary(rec.events, rec.spec, rec.timeline)
         rows.append({"variant": rec.variant, "faults": s["faults"], "survivor_steps_lost": s["survivor_steps_lost"],
                      "survivor_steps_discarded": s["survivor_steps_discarded"],
                      "survivor_stall_max_s": s["survivor_stall_s"]})
@@ -70,7 +67,7 @@ def throughputs(records: list[RunRecord]) -> pd.DataFrame:
 def startup(records: list[RunRecord]) -> pd.DataFrame:
     return pd.DataFrame([
         {"variant": rec.variant, "trainer": rec.spec.trainer,
-         "submit_to_first_step_s": analysis.summary(rec.events, rec.spec)["submit_to_first_step_s"]}
+         "submit_to_first_step_s": analysis.summary(rec.events, rec.spec, rec.timeline)["submit_to_first_step_s"]}
         for rec in records
     ])
 

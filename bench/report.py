@@ -206,7 +206,7 @@ def write(res: dict, out: Path, img: Path) -> None:
         "",
         "## 1–2. Kill recovery (torchft-lite, 3 replica groups, fresh replacement process)",
         "",
-        "One row per kill (`analysis.fault_recoveries`, `analysis.recovery_timeline`; seconds after the kill).",
+        "One row per kill (`analysis.recovery_timeline`; seconds after the kill).",
         "",
         table(res["recoveries"].drop(columns=["run_dir"])),
         "",

@@ -14,6 +14,7 @@ so a change in the machine's load moves both.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import os
 import signal
 import time
@@ -59,6 +60,11 @@ class RunRecord:
     wall_s: float
     loadavg: tuple
     error: Optional[str] = None
+
+    @functools.cached_property
+    def timeline(self):
+        """``analysis.recovery_timeline`` of this run, computed once for every figure that reads it."""
+        return analysis.recovery_timeline(self.events)
 
 
 def run_variant(variant: Variant, window_s: float, run_root: Path, log=print, startup_timeout: float = 240.0) -> RunRecord:

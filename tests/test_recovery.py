@@ -43,8 +43,8 @@ def test_goodput_of_a_fault_free_run_is_one_and_kill_badput_adds_up(start_run):
     # Time-based parts and work-based loss are computed independently; they must agree.
     assert abs(sum(parts.values()) - k["lost_s"]) < 0.05 * k["T_s"], k
     # Each kill costs about one group's absence, i.e. kill→rejoin / replicas of full-rate time.
-    rec = analysis.fault_recoveries(killed.event_records())
-    expected = rec["kill_to_rejoin_s"].sum() / killed.spec.replicas
+    timeline = analysis.recovery_timeline(killed.event_records())
+    expected = timeline.loc[analysis.ends_process(timeline), "participating"].sum() / killed.spec.replicas
     assert parts["missing"] + parts["restart"] + parts["heal"] == pytest.approx(expected, rel=0.35)
 
 

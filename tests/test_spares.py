@@ -20,8 +20,7 @@ def test_a_hot_spare_replaces_a_killed_group_heals_and_is_replaced(start_run):
     start = next(e for e in events if e["kind"] == "start" and e.get("replica") == 1 and e["attempt"] == 1)
     assert start["from_spare"] == 0 and start["pid"] != fault["pid"]
     assert any(e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1 for e in events)
-    rec = analysis.fault_recoveries(events)
-    assert rec["kill_to_rejoin_s"].iloc[0] < 10
+    assert analysis.recovery_timeline(events)["participating"].iloc[0] < 10
     # The used spare is replaced in the background.
     run.wait_for(lambda r: any(e["kind"] == "phase" and e.get("phase") == "spare_ready" and e.get("spare") == 1
                                for e in r._events), 240)

@@ -88,14 +88,15 @@ def run_figures(run: Run) -> dict:
     if cached is not None and cached[0] == len(events):
         return dict(cached[1])
     curve = committed_losses(events)
-    summary = analysis.summary(events, run.spec)
+    timeline = analysis.recovery_timeline(events)
+    summary = analysis.summary(events, run.spec, timeline)
     row: dict[str, Any] = {
         "run_id": run.id, "state": summary["state"],
         "final_loss": final_loss(curve), "steps_per_s": steps_per_s(curve),
     }
     if hasattr(analysis, "goodput"):
         try:
-            row["goodput"] = analysis.goodput(events, run.spec).get("goodput")
+            row["goodput"] = analysis.goodput(events, run.spec, timeline).get("goodput")
         except Exception:  # an analysis that cannot judge this run leaves the cell empty
             row["goodput"] = None
     row.update({SUMMARY_COLUMNS.get(k, k): summary.get(k) for k in SUMMARY_KEYS})

@@ -38,9 +38,9 @@ def run_report(run: Run) -> str:
     run.refresh()
     events = run._events
     metrics = run.metrics()
-    summary = run.summary()
     timeline = analysis.recovery_timeline(events)
-    gp = analysis.goodput(events, run.spec)
+    summary = {**analysis.summary(events, run.spec, timeline), "run_dir": str(run.run_dir)}
+    gp = analysis.goodput(events, run.spec, timeline)
     figs = []
     if not metrics.empty:
         figs.append(loss_figure(metrics, events))

@@ -1,0 +1,279 @@
+"""Per fault, how the run recovered and what it cost: one row per fault, the one table every view reads.
+
+Milestones, each in seconds after the ``fault`` event (NaN: not reached):
+
+- replica fault, elastic (torchft): fault → ``detected`` (a survivor's step
+  voted down, or its next quorum) → ``quorum_without_victim`` →
+  ``replacement_started`` (the next attempt's ``start``; for a fault that
+  pauses the process, its ``resume``) → ``imports_done`` → ``heal_done`` →
+  ``participating`` (the group's first committed step taking part, not
+  before its heal). Checkpoint-restart (MaxText, ddp-restart): fault →
+  restart → ``heal_done`` = restore done → ``participating`` = first step,
+  with ``steps_lost``.
+- lighthouse fault: ``detected`` (seen down) → ``replacement_started`` (up
+  again) → ``participating`` (training commits again).
+
+Per replica fault, also:
+
+- ``survivor_stall_s``: the longest gap between a survivor's last committed
+  step before the fault and its first committed step without the victim,
+  minus that survivor's median step interval; the max over survivors. A
+  *survivor* is a group that was never a fault's target and never relaunched
+  (attempt 0 throughout).
+- ``heal_seconds``/``heal_bytes`` of the victim's heal, ``steps_lost`` (steps
+  redone after a restore from a checkpoint), ``from_scratch`` (the group came
+  back with no live peer to heal from), ``complete`` (every milestone this
+  kind of recovery has was reached).
+
+*Kill → rejoin* is the ``participating`` milestone of a fault that ends the
+process. It used to be measured a second time, per kill, as "the next
+attempt's first committed participating step"; the two agree except where a
+group came back with no peer, trained alone, and healed later, when the first
+one counted the lone steps as rejoined. This milestone's definition wins: a
+group has rejoined when it trains in step with its peers, which a lone step
+before its heal is not; every heal in torchft is followed by a non-
+participating step, so on every run with a live peer both give the same
+number. The attempt a fault hit is the newest one seen at the fault (its last
+step's, its last ``start``'s, or the attempt the fault event names): a fault
+targets a group's newest process, even one that had not stepped yet.
+
+Computed from the events sorted once and indexed by (replica, kind): each
+milestone is a bisection to the fault's time plus a scan over the few events
+of that kind that do not qualify (the dead attempt's stragglers).
+"""
+
+from __future__ import annotations
+
+import bisect
+import itertools
+import math
+from collections import defaultdict
+from typing import Callable, Iterator, Optional
+
+import numpy as np
+import pandas as pd
+
+from .. import faultkinds
+
+MILESTONES = ("detected", "quorum_without_victim", "replacement_started", "imports_done", "heal_done", "participating")
+COLUMNS = ["t", "action", "target", "origin", *MILESTONES, "heal_seconds", "heal_bytes", "steps_lost", "from_scratch",
+           "complete", "survivor_stall_s"]
+
+NAN = float("nan")
+
+
+class _Series:
+    """Events in time order with their times, for bisection."""
+
+    __slots__ = ("events", "ts")
+
+    def __init__(self, events: list[dict]) -> None:
+        self.events = events
+        self.ts = [e["t"] for e in events]
+
+    def after(self, t: float) -> Iterator[dict]:
+        return itertools.islice(self.events, bisect.bisect_right(self.ts, t), None)
+
+    def first_after(self, t: float, pred: Callable[[dict], bool] = lambda e: True) -> Optional[dict]:
+        return next((e for e in self.after(t) if pred(e)), None)
+
+    def any_within(self, lo_exclusive: float, lo: float, hi: float) -> bool:
+        """An event at a time > ``lo_exclusive``, >= ``lo`` and <= ``hi``."""
+        i = max(bisect.bisect_right(self.ts, lo_exclusive), bisect.bisect_left(self.ts, lo))
+        return i < len(self.ts) and self.ts[i] <= hi
+
+
+_EMPTY = _Series([])
+
+
+class _Survivor:
+    """One survivor's committed steps as arrays, and the first step after any index with fewer participants."""
+
+    def __init__(self, steps: list[dict]) -> None:
+        self.t = np.array([e["t"] for e in steps], dtype=float)
+        self.participants = np.array(
+            [np.nan if e.get("participants") is None else e["participants"] for e in steps], dtype=float)
+        self.normal = float(np.median(np.diff(self.t))) if len(self.t) > 2 else 0.0
+        self._below: dict[float, np.ndarray] = {}
+
+    def first_with_fewer(self, i: int, n: float) -> Optional[int]:
+        if math.isnan(n):
+            return None
+        if n not in self._below:
+            self._below[n] = np.flatnonzero(self.participants < n)
+        below = self._below[n]
+        k = int(np.searchsorted(below, i))
+        return int(below[k]) if k < len(below) else None
+
+    def stall(self, tf: float) -> Optional[float]:
+        """The longest gap from the last step before ``tf`` to the first without the victim, beyond normal.
+
+        The stall can land a step late (the peer died after its share of the step in flight), so
+        every gap up to the first step with fewer participants counts; with none, the next four.
+        """
+        i = int(np.searchsorted(self.t, tf, side="right"))
+        if i == 0 or i == len(self.t):
+            return None
+        end = self.first_with_fewer(i, self.participants[i - 1])
+        end = min(len(self.t) - 1, i + 3) if end is None else end
+        return float(np.diff(self.t[i - 1:end + 1]).max()) - self.normal
+
+
+class _Log:
+    """A run's events sorted once by time, indexed by (replica, kind) and by kind."""
+
+    def __init__(self, events: list[dict]) -> None:
+        self._by_kind: dict = defaultdict(list)
+        self._by_replica_kind: dict = defaultdict(list)
+        committed: dict = {}  # every group that stepped: its committed steps
+        relaunched = set()
+        for e in sorted(events, key=lambda e: e.get("t", 0.0)):
+            kind, replica = e.get("kind"), e.get("replica")
+            self._by_kind[kind].append(e)
+            self._by_replica_kind[(replica, kind)].append(e)
+            if kind == "step":
+                steps = committed.setdefault(replica, [])
+                if e.get("committed"):
+                    steps.append(e)
+                if e.get("attempt", 0) != 0:
+                    relaunched.add(replica)
+        self._series: dict = {}
+        committed.pop(None, None)
+        self.committed_by_replica = {r: _Series(v) for r, v in committed.items()}
+        self.committed = _Series([e for e in self._by_kind["step"] if e.get("committed")])
+        self.failed_commits = _Series([e for e in self._by_kind["commit"] if e.get("commit_result") is False])
+        self.has_quorums = bool(self._by_kind["quorum"])
+        faults = self._by_kind["fault"]
+        resumes: dict = defaultdict(list)
+        for e in faults:
+            if e.get("action") == faultkinds.RESUME:
+                resumes[e.get("target")].append(e)
+        self.resumes_by_target = {k: _Series(v) for k, v in resumes.items()}
+        self.victims = {e.get("target") for e in faults if isinstance(e.get("target"), int)}
+        self.survivors = {r: _Survivor(self.committed_by_replica[r].events)
+                          for r in sorted(set(committed) - self.victims - relaunched)}
+        self._cummax: dict = {}
+
+    def kind(self, kind: str) -> _Series:
+        if kind not in self._series:
+            self._series[kind] = _Series(self._by_kind.get(kind, []))
+        return self._series[kind]
+
+    def of(self, replica, kind: str) -> _Series:
+        if (replica, kind) not in self._series:
+            self._series[(replica, kind)] = _Series(self._by_replica_kind.get((replica, kind), []))
+        return self._series[(replica, kind)]
+
+    def steps_until(self, replica, t: float) -> tuple[Optional[dict], int]:
+        """The group's last step event at or before ``t``, and its highest committed step by then."""
+        steps = self.of(replica, "step")
+        i = bisect.bisect_right(steps.ts, t)
+        if replica not in self._cummax:
+            self._cummax[replica] = list(itertools.accumulate(
+                (e.get("step", 0) if e.get("committed") else 0 for e in steps.events), max, initial=0))
+        return (steps.events[i - 1] if i else None), self._cummax[replica][i]
+
+    def newest_start_until(self, replica, t: float) -> int:
+        starts = self.of(replica, "start")
+        i = bisect.bisect_right(starts.ts, t)
+        return max((e.get("attempt", 0) for e in starts.events[:i]), default=0)
+
+
+def _since(e: Optional[dict], tf: float) -> float:
+    return e["t"] - tf if e is not None else NAN
+
+
+def _first_from_others(series: _Series, tf: float, victim) -> Optional[dict]:
+    return series.first_after(tf, lambda e: e.get("replica") not in (None, victim))
+
+
+def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
+    tf, victim = f["t"], f["target"]
+    last_step, last_before = log.steps_until(victim, tf)
+    attempt0 = max(last_step.get("attempt", 0) if last_step else 0, log.newest_start_until(victim, tf),
+                   f.get("attempt") or 0)
+    row = {"t": tf, "action": f["action"], "target": victim, "origin": f.get("origin")}
+    quorum = _first_from_others(log.kind("quorum"), tf, victim)
+    vote = _first_from_others(log.failed_commits, tf, victim)
+    row["detected"] = min(_since(quorum, tf), _since(vote, tf), key=lambda x: math.inf if math.isnan(x) else x)
+    row["quorum_without_victim"] = _since(quorum, tf)
+    same_process = kind.pauses_process
+    if same_process:
+        resumed = log.resumes_by_target.get(victim, _EMPTY).first_after(tf)
+        row["replacement_started"] = row["imports_done"] = _since(resumed, tf)
+        new_attempt: Callable[[dict], bool] = lambda e: True  # noqa: E731 - the same process carries on
+    else:
+        new_attempt = lambda e: e.get("attempt", 0) > attempt0  # noqa: E731
+        row["replacement_started"] = _since(log.of(victim, "start").first_after(tf, new_attempt), tf)
+        row["imports_done"] = _since(log.of(victim, "phase").first_after(
+            tf, lambda e: e.get("phase") == "imports_done" and new_attempt(e)), tf)
+    heal = log.of(victim, "heal").first_after(tf, new_attempt)
+    restored = log.of(victim, "phase").first_after(tf, lambda e: e.get("phase") == "restored" and new_attempt(e))
+    row["heal_done"] = _since(heal or restored, tf)
+    row["heal_seconds"] = heal.get("seconds") if heal else None
+    row["heal_bytes"] = heal.get("bytes") if heal else None
+
+    def taking_part(e: dict) -> bool:
+        return bool(e.get("committed") and e.get("participating", True) and new_attempt(e))
+
+    steps = log.of(victim, "step")
+    back = steps.first_after(tf, taking_part)
+    row["participating"] = _since(
+        back if heal is None or back is None or back["t"] >= heal["t"]
+        else steps.first_after(tf, lambda e: taking_part(e) and e["t"] >= heal["t"]), tf)
+    if restored:
+        row["steps_lost"] = max(0, last_before - int(restored.get("from_step") or 0))
+    else:
+        row["steps_lost"] = 0 if heal else None
+    # A group that comes back behind its peers must heal; a paused one that was still the
+    # furthest ahead (its peers died meanwhile) carries on from its own next step.
+    carried_on = same_process and back is not None and back.get("step") == last_before + 1
+    # With every peer down too (overlapping faults), there is no one to heal from: the group
+    # restarts from scratch. That recovery completes, but it is a loss, and is flagged.
+    lone = False
+    if back is not None and heal is None:
+        lo = tf + (0 if math.isnan(row["replacement_started"]) else row["replacement_started"])
+        lone = not any(s.any_within(tf, lo, back["t"]) for r, s in log.committed_by_replica.items() if r != victim)
+    row["from_scratch"] = bool(lone and not same_process)
+    required = ["replacement_started", "participating"] + ([] if carried_on or lone else ["heal_done"])
+    if log.has_quorums:
+        required += ["detected", "quorum_without_victim"]
+    row["complete"] = bool(all(not math.isnan(row[k]) for k in required))
+    stalls = [s for s in (sv.stall(tf) for sv in log.survivors.values()) if s is not None]
+    row["survivor_stall_s"] = max(stalls) if stalls else None
+    return row
+
+
+def _lighthouse_recovery(f: dict, log: _Log) -> dict:
+    """Lighthouse killed → seen down → restarted → training commits again."""
+    tf = f["t"]
+    lighthouse = log.kind("lighthouse")
+    row = dict.fromkeys(MILESTONES, NAN)
+    row.update(t=tf, action=f["action"], target="lighthouse", origin=f.get("origin"),
+               heal_seconds=None, heal_bytes=None, steps_lost=0, from_scratch=False, survivor_stall_s=None)
+    row["detected"] = _since(lighthouse.first_after(tf, lambda e: e.get("state") == "down"), tf)
+    row["replacement_started"] = _since(lighthouse.first_after(tf, lambda e: e.get("state") == "up"), tf)
+    if not math.isnan(row["replacement_started"]):
+        row["participating"] = _since(log.committed.first_after(tf + row["replacement_started"]), tf)
+    row["complete"] = bool(not math.isnan(row["replacement_started"]) and not math.isnan(row["participating"]))
+    return row
+
+
+def recovery_timeline(events: list[dict]) -> pd.DataFrame:
+    """One row per fault in time order (a ``resume`` is not one): ``COLUMNS``; see the module docstring."""
+    log = _Log(events)
+    rows = []
+    for f in log.kind("fault").events:
+        kind = faultkinds.kind(f.get("action"))
+        if kind is None:
+            continue
+        if kind.targets == "lighthouse":
+            rows.append(_lighthouse_recovery(f, log))
+        elif kind.targets == "replica" and isinstance(f.get("target"), int):
+            rows.append(_replica_recovery(f, kind, log))
+    return pd.DataFrame(rows, columns=COLUMNS)
+
+
+def ends_process(timeline: pd.DataFrame) -> pd.Series:
+    """Per row: its fault ended the targeted process (a kill, in the wide sense), so it came back as a new attempt."""
+    return timeline["action"].map(lambda a: bool(getattr(faultkinds.kind(a), "ends_process", False))).astype(bool)
