@@ -375,11 +375,7 @@ class RunState:
     @property
     def state(self) -> str:
         """pending | starting | running | completed | failed | stopped."""
-        if self.run_end is not None:
-            return self.run_end.get("state") or "failed"
-        if self.stepped:
-            return "running"
-        return "starting" if self.started else "pending"
+        return run_state(self.run_end, self.started, self.stepped)
 
     def processes(self) -> list[Proc]:
         """Every process the run recorded: controller, lighthouses, every attempt, spares."""
@@ -410,6 +406,21 @@ _FIELD_TYPES = {  # a field that is present must have one of these types (None: 
     "action": (str,), "target": (int, str, type(None)), "state": (str, type(None)),
     "reason": (str, type(None)), "job_id": (str, int, type(None)), "spare": (int, type(None)),
 }
+
+
+def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
+    if run_end is not None:
+        return run_end.get("state") or "failed"
+    if stepped:
+        return "running"
+    return "starting" if started else "pending"
+
+
+def run_state_of(events: list[dict]) -> str:
+    """The run's state from a list of events, as the fold would say it."""
+    ends = [e for e in events if e.get("kind") == "run_end"]
+    return run_state(ends[-1] if ends else None, any(e.get("kind") == "start" for e in events),
+                     any(e.get("kind") == "step" for e in events))
 
 
 def well_formed(e: dict) -> bool:

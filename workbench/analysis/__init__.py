@@ -9,8 +9,10 @@ the same figures. One concept per module:
   heal, steps lost), which every other view reads instead of re-deriving it;
 - ``summary``: a run's headline figures, derived from the timeline;
 - ``goodput``: useful work against the run's own fault-free rate;
-- ``figures``: plotly figures of the timeline and of goodput;
-- ``state``: run and replica-group state and the run's PIDs.
+- ``figures``: plotly figures of the timeline and of goodput.
+
+Where a run stands now (its state, each group's process) is the run-state
+fold's (``workbench.runstate``), not an analysis.
 
 ``summary`` and ``goodput`` take an optional precomputed ``timeline`` so a
 caller that shows both computes it once.
@@ -22,25 +24,10 @@ from .figures import goodput_figure, timeline_figure
 from .goodput import BADPUT_PARTS, goodput
 from .metrics import STEP_COLUMNS, max_committed_step, metrics_frame
 from .recovery import MILESTONES, ends_process, recovery_timeline
-from .state import all_pids, controller_pid, replica_states, run_state
 from .summary import counts, summary, survivor_steps
 
 __all__ = [
-    "BADPUT_PARTS", "MILESTONES", "STEP_COLUMNS", "all_pids", "controller_pid", "counts", "ends_process", "goodput",
-    "goodput_figure", "max_committed_step", "metrics_frame", "recovery_timeline", "replica_states", "run_state",
-    "status", "summary", "survivor_steps", "timeline_figure",
+    "BADPUT_PARTS", "MILESTONES", "STEP_COLUMNS", "counts", "ends_process", "goodput", "goodput_figure",
+    "max_committed_step", "metrics_frame", "recovery_timeline", "summary", "survivor_steps", "timeline_figure",
 ]
 
-
-def status(events: list[dict], spec) -> dict:
-    """Where the run stands now (the CLI's and ``Run.status``'s answer). Here, not in ``state``, because it
-    needs ``summary.counts`` and ``summary`` needs ``state``; the run-state fold will replace it."""
-    return {
-        "state": run_state(events),
-        "trainer": spec.trainer,
-        "cluster": spec.cluster,
-        "steps_target": spec.steps,
-        "step": max_committed_step(events),
-        **counts(events),
-        "replicas": {str(k): v for k, v in replica_states(events, spec.replicas).items()},
-    }

@@ -28,7 +28,7 @@ import pandas as pd
 from .. import faultkinds
 from .metrics import max_committed_step, metrics_frame
 from .recovery import ends_process, recovery_timeline
-from .state import run_state
+from ..runstate import run_state_of
 
 
 def counts(events: list[dict]) -> dict:
@@ -81,7 +81,7 @@ def summary(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
         return float(getattr(values, how)()) if len(values) else None
 
     return {
-        "state": run_state(events),
+        "state": run_state_of(events),
         "trainer": spec.trainer,
         "replicas": spec.replicas,
         "steps_target": spec.steps,
