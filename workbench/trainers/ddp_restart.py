@@ -1,7 +1,7 @@
 """ddp-restart: the checkpoint-restart baseline for torchft-lite.
 
-The same model, data and batch as torchft-lite (``build_model``, ``make_batch``
-with ``replica`` = worker rank), trained the way a job without torchft is:
+The same model, data and batch as torchft-lite (:mod:`.tiny_decoder`'s
+``build_model`` and ``make_batch``, with ``replica`` = worker rank), trained the way a job without torchft is:
 plain ``torch.nn.parallel.DistributedDataParallel`` over gloo, ``replicas``
 worker processes inside ONE job, and periodic checkpoints. A fault anywhere
 costs the whole job: it restarts and redoes every step since its last
@@ -27,7 +27,8 @@ Protocol inside the job:
   steps or ``checkpoint.every_s`` seconds (its own clock; the others simply
   wait in the next all-reduce): write ``.step-N.pt.tmp``, fsync, rename to
   ``step-N.pt``, fsync the directory, then emit ``checkpoint`` with
-  ``durable=True``. A name without the dot and suffix is therefore complete.
+  ``durable=True``. A name without the dot and suffix is therefore complete
+  (:data:`CHECKPOINTS`).
 - On start every worker loads the newest ``step-N.pt`` (N = committed steps it
   holds) and continues at step N+1; ``phase restored from_step=N`` is emitted
   on every relaunch (``from_step=0`` when no checkpoint existed yet).
