@@ -61,7 +61,8 @@ def reader_rate(run_dir: Path, reps: int) -> dict:
 def writer_cost(tmp: Path, n: int = 20000) -> dict:
     import torch
 
-    from workbench.trainers.torchft_lite import build_model, weights_checksum
+    from workbench.trainers.kit import weights_checksum
+    from workbench.trainers.tiny_decoder import build_model
 
     w = EventWriter(tmp, "writer-bench", run="bench", replica=0, attempt=0)
     samples = []
@@ -77,7 +78,7 @@ def writer_cost(tmp: Path, n: int = 20000) -> dict:
     cs = []
     for _ in range(20):
         t0 = time.perf_counter()
-        weights_checksum(model)
+        weights_checksum(model.state_dict())
         cs.append(time.perf_counter() - t0)
     return {"emit_s": statistics.median(samples), "checksum_s": statistics.median(cs),
             "checksum_every": spec.checksum_every}

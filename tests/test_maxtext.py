@@ -23,14 +23,14 @@ import submitit
 
 from workbench.events import read_all
 from workbench.spec import load_spec
-from workbench.trainers import maxtext
+from workbench.trainers import maxtext_command, maxtext_output
 from workbench.trainers.base import JobContext, job_entrypoint
 
 pytestmark = [
     pytest.mark.maxtext,
     pytest.mark.skipif(
-        not maxtext.maxtext_python().exists(),
-        reason=f"MaxText's environment {maxtext.maxtext_python()} is missing: run scripts/setup-maxtext.sh",
+        not maxtext_command.maxtext_python().exists(),
+        reason=f"MaxText's environment {maxtext_command.maxtext_python()} is missing: run scripts/setup-maxtext.sh",
     ),
 ]
 
@@ -164,8 +164,8 @@ def chaos(run_root):
         out["killed_at"] = a0.max_step()
         out["orphan_gone"] = wait_for(lambda: not _alive(a0.maxtext_pid()), 30, "MaxText to die with its wrapper")
 
-        ckpt_dir = maxtext.checkpoint_dir(run_dir, run_dir.name)
-        latest = max(maxtext.durable_checkpoints(ckpt_dir))
+        ckpt_dir = maxtext_command.checkpoint_dir(run_dir, run_dir.name)
+        latest = max(maxtext_output.durable_checkpoints(ckpt_dir))
         planted = latest + PERIOD
         shutil.copytree(ckpt_dir / str(latest), ckpt_dir / f"{planted}.orbax-checkpoint-tmp")
         out["planted"] = planted

@@ -6,8 +6,10 @@ event log (``ctx.writer()``), and must emit ``exit`` with
 ``reason="completed"`` when it reached its target: the run controller treats a
 job that ended without that as failed and relaunches it.
 
-``ELASTIC`` trainers run as torchft replica groups under one lighthouse; the
-others run as one job that restarts from its last checkpoint.
+Which trainers exist, and what the rest of the package decides on per trainer,
+is the table in :mod:`.registry`; ``REGISTRY`` (name → module) and ``ELASTIC``
+(the names of the torchft trainers) are views of it. Importing this package
+imports no trainer and no torch.
 """
 
 from __future__ import annotations
@@ -16,18 +18,18 @@ import importlib
 from typing import Callable
 
 from .base import JobContext, job_entrypoint
+from .registry import KINDS, TrainerKind, UnknownTrainer, trainer_kind, trainer_names
 
-REGISTRY: dict[str, str] = {
-    "torchft-lite": "workbench.trainers.torchft_lite",
-    "titan": "workbench.trainers.titan",
-    "maxtext": "workbench.trainers.maxtext",
-    "ddp-restart": "workbench.trainers.ddp_restart",
-}
-ELASTIC = {"torchft-lite", "titan"}
+REGISTRY: dict[str, str] = {k.name: k.module for k in KINDS}
+ELASTIC = frozenset(k.name for k in KINDS if k.elastic)
 
 
 def load(name: str) -> Callable[[JobContext], None]:
-    return importlib.import_module(REGISTRY[name]).run
+    """The ``run`` function of the trainer called ``name``."""
+    return importlib.import_module(trainer_kind(name).module).run
 
 
-__all__ = ["JobContext", "job_entrypoint", "REGISTRY", "ELASTIC", "load"]
+__all__ = [
+    "JobContext", "job_entrypoint", "REGISTRY", "ELASTIC", "load",
+    "TrainerKind", "UnknownTrainer", "trainer_kind", "trainer_names",
+]

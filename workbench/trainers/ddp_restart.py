@@ -1,7 +1,7 @@
 """ddp-restart: the checkpoint-restart baseline for torchft-lite.
 
-The same model, data and batch as torchft-lite (``build_model``, ``make_batch``
-with ``replica`` = worker rank), trained the way a job without torchft is:
+The same model, data and batch as torchft-lite (:mod:`.tiny_decoder`'s
+``build_model`` and ``make_batch``, with ``replica`` = worker rank), trained the way a job without torchft is:
 plain ``torch.nn.parallel.DistributedDataParallel`` over gloo, ``replicas``
 worker processes inside ONE job, and periodic checkpoints. A fault anywhere
 costs the whole job: it restarts and redoes every step since its last
@@ -27,7 +27,8 @@ Protocol inside the job:
   steps or ``checkpoint.every_s`` seconds (its own clock; the others simply
   wait in the next all-reduce): write ``.step-N.pt.tmp``, fsync, rename to
   ``step-N.pt``, fsync the directory, then emit ``checkpoint`` with
-  ``durable=True``. A name without the dot and suffix is therefore complete.
+  ``durable=True``. A name without the dot and suffix is therefore complete
+  (:data:`CHECKPOINTS`).
 - On start every worker loads the newest ``step-N.pt`` (N = committed steps it
   holds) and continues at step N+1; ``phase restored from_step=N`` is emitted
   on every relaunch (``from_step=0`` when no checkpoint existed yet).
@@ -47,25 +48,15 @@ from typing import Optional
 
 from ..events import EventWriter
 from .base import JobContext
-from .torchft_lite import _Heartbeat, build_model, make_batch, weights_checksum
+from .kit import CheckpointLayout, Heartbeat, StopRequest, die_with_parent, on_stop_signals, signal_pid, weights_checksum
+from .tiny_decoder import build_model, make_batch, warm_up_adamw
 
-CHECKPOINT_NAME = re.compile(r"^step-(\d+)\.pt$")
+CHECKPOINTS = CheckpointLayout(committed=re.compile(r"^step-(\d+)\.pt$"), in_progress=re.compile(r"^\.step-\d+\.pt\.tmp$"))
 EXIT_COMPLETED, EXIT_STOPPED, EXIT_ERROR = 0, 3, 1
 
 
 def checkpoint_dir(run_dir) -> Path:
     return Path(run_dir) / "checkpoints" / "ddp-restart"
-
-
-def durable_checkpoints(directory: Path) -> dict[int, Path]:
-    """Complete checkpoints by step; a ``.tmp`` file is a write that never finished."""
-    out = {}
-    if directory.is_dir():
-        for p in directory.iterdir():
-            match = CHECKPOINT_NAME.match(p.name)
-            if match:
-                out[int(match.group(1))] = p
-    return out
 
 
 def save_checkpoint(directory: Path, step: int, state: dict, keep: int) -> Path:
@@ -85,8 +76,9 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int) -> Path:
         os.fsync(fd)
     finally:
         os.close(fd)
-    for old in sorted(durable_checkpoints(directory))[:-keep]:
-        durable_checkpoints(directory)[old].unlink(missing_ok=True)
+    found = CHECKPOINTS.durable(directory)
+    for old in sorted(found)[:-keep]:
+        found[old].unlink(missing_ok=True)
     return final
 
 
@@ -100,13 +92,12 @@ def run(ctx: JobContext) -> None:
         for rank in range(world)
     ]
 
-    def forward(signum, _frame):
+    def forward(signum):
         for p in workers:
             if p.pid and p.exitcode is None:
-                _signal(p.pid, signal.SIGTERM)
+                signal_pid(p.pid, signal.SIGTERM)
 
-    signal.signal(signal.SIGTERM, forward)
-    signal.signal(signal.SIGUSR2, forward)
+    on_stop_signals(forward)
     for p in workers:
         p.start()
     first_failure: Optional[tuple[int, int]] = None
@@ -118,7 +109,7 @@ def run(ctx: JobContext) -> None:
             if p.exitcode != EXIT_COMPLETED and first_failure is None:
                 first_failure = (rank, p.exitcode)
                 for _, other in pending.values():
-                    _signal(other.pid, signal.SIGKILL)
+                    signal_pid(other.pid, signal.SIGKILL)
     if first_failure is not None:
         rank, code = first_failure
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
@@ -130,15 +121,13 @@ def run(ctx: JobContext) -> None:
 
 
 def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: int) -> None:
-    _die_with(launcher_pid)
+    die_with_parent(launcher_pid)
     t_start = time.time()
     spec = ctx.spec
     writer = dataclasses.replace(ctx, replica=rank).writer()
     writer.emit("start", trainer="ddp-restart", role="replica", world_size=world, rank=rank,
                 launcher_pid=launcher_pid, **ctx.placement())
-    stop_reason: list[str] = []
-    signal.signal(signal.SIGTERM, lambda *_: stop_reason.append("preempted"))
-    signal.signal(signal.SIGUSR2, lambda *_: stop_reason.append("preempted"))
+    stop = StopRequest()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     progress = {"step": 0}
     try:
@@ -165,9 +154,9 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
         torch.manual_seed(spec["seed"])
         model = build_model(m)
         optimizer = torch.optim.AdamW(model.parameters(), lr=m["lr"])
-        _warm_up_adamw(m)
+        warm_up_adamw(m)
         directory = checkpoint_dir(ctx.run_dir)
-        found = durable_checkpoints(directory)
+        found = CHECKPOINTS.durable(directory)
         if found:
             t0 = time.perf_counter()
             step = progress["step"] = max(found)
@@ -181,7 +170,7 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
         ddp = DistributedDataParallel(model)
         writer.emit("phase", phase="model_ready", seconds=time.time() - t_start)
 
-        reason = _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop_reason)
+        reason = _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop)
     except Exception as e:
         writer.emit("exit", reason="error", step=progress["step"], error=f"{type(e).__name__}: {e}")
         writer.close()
@@ -190,7 +179,7 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
     os._exit(EXIT_COMPLETED if reason == "completed" else EXIT_STOPPED)
 
 
-def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop_reason) -> str:
+def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> str:
     import torch
 
     step = progress["step"]
@@ -202,15 +191,15 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop_reaso
     checksum_every = max(1, int(spec.get("checksum_every", 10)))
     tokens = m["batch_size"] * m["seq_len"]
     emit_steps = spec.get("write_events", True)
-    beat = _Heartbeat(writer, spec["heartbeat_s"])
+    beat = Heartbeat(writer, spec["heartbeat_s"])
     beat.step = step
     beat.start()
     last_ckpt_t, last_ckpt_step = time.monotonic(), step
     reason = "completed"
     try:
         while step < steps:
-            if stop_reason:
-                reason = stop_reason[0]
+            if stop.reason:
+                reason = stop.reason
                 break
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
@@ -230,7 +219,7 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop_reaso
                     batch_seed=[spec["seed"], step - 1, rank],
                 )
                 if step % checksum_every == 0 or step >= steps:
-                    fields["weights"] = weights_checksum(model)
+                    fields["weights"] = weights_checksum(model.state_dict())
                 writer.emit("step", **fields)
             due = (every_steps and step - last_ckpt_step >= every_steps) or (
                 every_s and time.monotonic() - last_ckpt_t >= every_s
@@ -245,35 +234,5 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop_reaso
                 last_ckpt_t, last_ckpt_step = time.monotonic(), step
     finally:
         beat.stop()
-    writer.emit("exit", reason=reason, step=step, weights=weights_checksum(model))
+    writer.emit("exit", reason=reason, step=step, weights=weights_checksum(model.state_dict()))
     return reason
-
-
-def _warm_up_adamw(m) -> None:
-    """The first AdamW step imports and compiles a lot; torchft-lite pays for it before training too."""
-    import torch
-
-    warm = build_model(m)
-    opt = torch.optim.AdamW(warm.parameters(), lr=m["lr"])
-    x, y = make_batch(0, 0, 0, 1, m["seq_len"], m["vocab_size"])
-    torch.nn.functional.cross_entropy(warm(x).flatten(0, 1), y.flatten()).backward()
-    opt.step()
-
-
-def _die_with(parent_pid: int) -> None:
-    """SIGKILL this worker when its launcher dies (a cancelled job must not leave ranks behind)."""
-    import ctypes
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except (OSError, AttributeError):
-        return
-    if os.getppid() != parent_pid:
-        os._exit(EXIT_ERROR)
-
-
-def _signal(pid: int, sig: int) -> None:
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

@@ -3,8 +3,9 @@
 MaxText runs in its own environment (``.venv-maxtext``, Python >= 3.12), as it
 would in its own container on a cluster. This module is the job's wrapper: it
 runs in the main environment inside the submitit job, starts MaxText's
-``pre_train.train`` as a child process, and turns what MaxText leaves behind
-into events. It never imports MaxText or JAX itself.
+``pre_train.train`` as a child process (the command: :mod:`.maxtext_command`),
+and turns what MaxText leaves behind into events (the readers:
+:mod:`.maxtext_output`). It never imports MaxText or JAX itself.
 
 What the wrapper reads
 ----------------------
@@ -45,157 +46,30 @@ forwards the SIGTERM or SIGUSR2 it receives (what Slurm and submitit send) to
 MaxText as SIGTERM and reports ``exit`` with ``reason="preempted"`` and the
 saved step. MaxText ignores SIGUSR2 itself (Slurm's ``--signal`` reaches every
 process of the step, and Python would die of it), and a SIGTERM that reaches
-it directly (``scancel``) works the same as the forwarded one. The child is tied to the wrapper with ``PR_SET_PDEATHSIG``: if the
-wrapper is killed, MaxText dies with it, so the next attempt never shares the
-checkpoint directory with a live predecessor.
+it directly (``scancel``) works the same as the forwarded one. The child is
+tied to the wrapper with ``PR_SET_PDEATHSIG``: if the wrapper is killed,
+MaxText dies with it, so the next attempt never shares the checkpoint
+directory with a live predecessor.
 """
 
 from __future__ import annotations
 
-import collections
-import json
 import math
-import os
-import re
 import signal
 import subprocess
-import threading
 import time
-from pathlib import Path
 from typing import Any, Optional
 
-from ..rundir import dir_bytes
 from .base import JobContext
+from .kit import on_stop_signals
+from .maxtext_command import build_command, checkpoint_dir, console_log, metrics_file, task_rank
+from .maxtext_output import Console, Metrics, checkpoint_facts, durable_checkpoints, leftover_tmp_checkpoints
 
-TRAIN_MODULE = "maxtext.trainers.pre_train.train"
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
 POLL_S = 0.25
-
-# Keys the wrapper sets from the run itself; a spec may not override them.
-OWNED_KEYS = ("run_name", "base_output_directory", "metrics_file", "steps")
-
-# Runs in .venv-maxtext: tie the child's life to the wrapper, leave SIGUSR2 to it, report compile-cache
-# hits/misses, give JAX's preemption service a coordinator, then run MaxText's trainer.
-LAUNCHER = r"""
-import ctypes, json, os, runpy, signal, socket, sys
-ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-signal.signal(signal.SIGUSR2, signal.SIG_IGN)  # Slurm signals every task; the wrapper forwards SIGTERM
-if os.getppid() != int(os.environ["WORKBENCH_WRAPPER_PID"]):
-    sys.exit("workbench: wrapper died before MaxText started")
-import jax
-from jax import monitoring
-
-def _on_event(name, **_):
-    if name in ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"):
-        print("WORKBENCH " + json.dumps({"compile_cache": name.rsplit("_", 1)[-1]}), flush=True)
-
-monitoring.register_event_listener(_on_event)
-if os.environ.get("WORKBENCH_LOCAL_COORDINATOR") == "1":
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0)
-runpy.run_module(os.environ["WORKBENCH_MAXTEXT_MODULE"], run_name="__main__", alter_sys=True)
-"""
-
-_RESTORED = re.compile(r"restoring from this run's directory step (\d+)")
-_DEVICES = re.compile(r"Num_devices: (\d+)")
-_STOPPED = re.compile(r"Training stopped: (.*)")
-_MARKER = "WORKBENCH "
-_DURABLE_NAME = re.compile(r"^\d+$")
-_TMP_NAME = re.compile(r"^\d+\.orbax-checkpoint-tmp")
 
 
 class MaxTextIncomplete(RuntimeError):
     """MaxText ended without reaching ``steps``; the controller relaunches the job."""
-
-
-def maxtext_python() -> Path:
-    """The interpreter of MaxText's environment: ``$WORKBENCH_MAXTEXT_PYTHON`` or ``.venv-maxtext``."""
-    env = os.environ.get("WORKBENCH_MAXTEXT_PYTHON")
-    if env:
-        return Path(env)
-    return Path(__file__).resolve().parents[2] / ".venv-maxtext" / "bin" / "python"
-
-
-def jax_cache_dir(run_dir: str | os.PathLike) -> Path:
-    """Compile cache shared by attempts and runs: ``$WORKBENCH_JAX_CACHE`` or ``<run_root>/.jax-cache``."""
-    env = os.environ.get("WORKBENCH_JAX_CACHE")
-    return Path(env) if env else Path(run_dir).resolve().parent / ".jax-cache"
-
-
-def checkpoint_dir(run_dir: str | os.PathLike, run_id: str) -> Path:
-    """Where MaxText puts this run's checkpoints: ``<base_output_directory>/<run_name>/checkpoints``."""
-    return Path(run_dir) / "checkpoints" / run_id / "checkpoints"
-
-
-def _format_value(key: str, value: Any) -> str:
-    if isinstance(value, bool):
-        return "true" if value else "false"
-    if isinstance(value, (int, float, str)):
-        return str(value)
-    if isinstance(value, list) and all(isinstance(v, (int, float, str, bool)) for v in value):
-        return "[" + ",".join(_format_value(key, v) for v in value) + "]"
-    raise ValueError(
-        f"maxtext.{key}: got {type(value).__name__}; allowed: a string, number, boolean or list of those"
-    )
-
-
-def maxtext_overrides(ctx: JobContext) -> dict[str, str]:
-    """MaxText's ``key=value`` overrides for this job, in base.yml's names.
-
-    The spec's ``maxtext`` section comes first; the wrapper adds the keys it owns
-    (output paths, run name, steps) and defaults the ones restart and preemption
-    depend on, unless the spec set them.
-    """
-    spec = ctx.spec
-    user = spec.get("maxtext") or {}
-    for key in user:
-        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
-            raise ValueError(f"maxtext.{key}: not a MaxText config key (letters, digits, _ and .)")
-        if key in OWNED_KEYS:
-            where = "steps" if key == "steps" else "the run directory"
-            raise ValueError(f"maxtext.{key}: set by the workbench from {where}; remove it")
-    run_dir = Path(ctx.run_dir).resolve()
-    out = {
-        "enable_checkpointing": True,
-        "enable_autocheckpoint": True,
-        "async_checkpointing": False,
-        "init_weights_seed": spec.get("seed", 0),
-        "data_shuffle_seed": spec.get("seed", 0),
-        "jax_cache_dir": str(jax_cache_dir(run_dir)),
-        **user,
-        "run_name": ctx.run_id,
-        "base_output_directory": str(run_dir / "checkpoints"),
-        "metrics_file": str(metrics_file(ctx)),
-        "steps": spec["steps"],
-    }
-    if str(out.get("hardware", "")).lower() == "cpu":
-        out.setdefault("skip_jax_distributed_system", True)
-    return {k: _format_value(k, v) for k, v in out.items()}
-
-
-def task_rank() -> int:
-    """This task's rank in a multi-node job (one wrapper and one MaxText process per node); 0 alone."""
-    try:
-        import submitit
-
-        return submitit.JobEnvironment().global_rank
-    except (ImportError, RuntimeError):
-        return int(os.environ.get("SLURM_PROCID", "0"))
-
-
-def _rank_suffix() -> str:
-    rank = task_rank()
-    return f".rank-{rank}" if rank else ""
-
-
-def metrics_file(ctx: JobContext) -> Path:
-    return Path(ctx.run_dir).resolve() / "maxtext" / f"metrics.attempt-{ctx.attempt}{_rank_suffix()}.jsonl"
-
-
-def console_log(ctx: JobContext) -> Path:
-    return Path(ctx.run_dir).resolve() / "maxtext" / f"attempt-{ctx.attempt}{_rank_suffix()}.log"
 
 
 class _Silent:
@@ -206,144 +80,6 @@ class _Silent:
 
     def close(self) -> None:
         pass
-
-
-def build_command(ctx: JobContext) -> tuple[list[str], dict[str, str]]:
-    """The child's argv and environment."""
-    overrides = maxtext_overrides(ctx)
-    python = maxtext_python()
-    if not python.exists():
-        raise FileNotFoundError(
-            f"MaxText's Python {python} does not exist: run scripts/setup-maxtext.sh "
-            "or set WORKBENCH_MAXTEXT_PYTHON"
-        )
-    env = dict(os.environ)
-    env.update(
-        WORKBENCH_WRAPPER_PID=str(os.getpid()),
-        WORKBENCH_MAXTEXT_MODULE=TRAIN_MODULE,
-        WORKBENCH_LOCAL_COORDINATOR="1" if overrides.get("skip_jax_distributed_system") == "true" else "0",
-        PYTHONUNBUFFERED="1",
-    )
-    # The main environment's paths would shadow MaxText's own packages.
-    for var in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV"):
-        env.pop(var, None)
-    if overrides.get("hardware") == "cpu":
-        env.setdefault("JAX_PLATFORMS", "cpu")
-    argv = [str(python), "-c", LAUNCHER, *(f"{k}={v}" for k, v in overrides.items())]
-    return argv, env
-
-
-def durable_checkpoints(directory: Path) -> dict[int, Path]:
-    """MaxText step -> directory, for every finalized (renamed and committed) checkpoint."""
-    found: dict[int, Path] = {}
-    try:
-        entries = list(os.scandir(directory))
-    except OSError:
-        return found
-    for entry in entries:
-        if entry.is_dir() and _DURABLE_NAME.match(entry.name):
-            found[int(entry.name)] = Path(entry.path)
-    return found
-
-
-def leftover_tmp_checkpoints(directory: Path) -> list[str]:
-    try:
-        return sorted(e.name for e in os.scandir(directory) if _TMP_NAME.match(e.name))
-    except OSError:
-        return []
-
-
-def _checkpoint_facts(path: Path) -> tuple[Optional[float], int]:
-    """(seconds from Orbax's init to commit, bytes on disk) of a finalized checkpoint."""
-    seconds = None
-    try:
-        meta = json.loads((path / "_CHECKPOINT_METADATA").read_text())
-        if meta.get("commit_timestamp_nsecs") and meta.get("init_timestamp_nsecs"):
-            seconds = (meta["commit_timestamp_nsecs"] - meta["init_timestamp_nsecs"]) / 1e9
-    except (OSError, ValueError):
-        pass
-    return seconds, dir_bytes(path)
-
-
-class _Console:
-    """Reads MaxText's console in a thread: keeps it on disk and picks out the facts."""
-
-    def __init__(self, stream, log_path: Path, on_restored) -> None:
-        self.stream = stream
-        self.log_path = log_path
-        self.on_restored = on_restored
-        self.tail: collections.deque[str] = collections.deque(maxlen=40)
-        self.cache_hits = 0
-        self.cache_misses = 0
-        self.devices = 1
-        self.stopped_because: Optional[str] = None
-        self.thread = threading.Thread(target=self._read, name="maxtext-console", daemon=True)
-
-    def start(self) -> "_Console":
-        self.thread.start()
-        return self
-
-    def _read(self) -> None:
-        self.log_path.parent.mkdir(parents=True, exist_ok=True)
-        with open(self.log_path, "a", encoding="utf-8") as log:
-            for line in self.stream:
-                log.write(line)
-                log.flush()
-                self._parse(line.rstrip("\n"))
-
-    def _parse(self, line: str) -> None:
-        self.tail.append(line)
-        if line.startswith(_MARKER):
-            try:
-                fact = json.loads(line[len(_MARKER):])
-            except ValueError:
-                return
-            if fact.get("compile_cache") == "hits":
-                self.cache_hits += 1
-            elif fact.get("compile_cache") == "misses":
-                self.cache_misses += 1
-            return
-        if m := _RESTORED.search(line):
-            self.on_restored(int(m.group(1)))
-        elif m := _DEVICES.search(line):
-            self.devices = int(m.group(1))
-        elif m := _STOPPED.search(line):
-            self.stopped_because = m.group(1)
-
-    def error_line(self) -> Optional[str]:
-        for line in reversed(self.tail):
-            if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Exit)\b", line):
-                return line
-        return self.tail[-1] if self.tail else None
-
-
-class _Metrics:
-    """Incremental reader of MaxText's metrics file (whole lines only)."""
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-        self.offset = 0
-
-    def poll(self) -> list[dict]:
-        try:
-            with open(self.path, "rb") as f:
-                f.seek(self.offset)
-                data = f.read()
-        except OSError:
-            return []
-        end = data.rfind(b"\n")
-        if end < 0:
-            return []
-        self.offset += end + 1
-        rows = []
-        for line in data[: end + 1].splitlines():
-            try:
-                row = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(row, dict) and "step" in row:
-                rows.append(row)
-        return rows
 
 
 def _finite(x: Any) -> Optional[float]:
@@ -378,9 +114,9 @@ def run(ctx: JobContext) -> None:
         text=True, errors="replace", bufsize=1,
     )
     writer.emit("phase", phase="launched", maxtext_pid=child.pid, seconds=time.time() - t0)
-    console = _Console(child.stdout, console_log(ctx), on_restored).start()
+    console = Console(child.stdout, console_log(ctx), on_restored).start()
     stop = _StopForwarder(child).install()
-    metrics = _Metrics(metrics_file(ctx))
+    metrics = Metrics(metrics_file(ctx))
     last_step: Optional[int] = None
     first_step_reported = False
     last_beat = time.time()
@@ -406,7 +142,7 @@ def run(ctx: JobContext) -> None:
         for maxtext_step, path in sorted(durable_checkpoints(ckpt_dir).items()):
             if maxtext_step in seen:
                 continue
-            seconds, size = _checkpoint_facts(path)
+            seconds, size = checkpoint_facts(path)
             if seconds is None:
                 continue  # renamed but not yet committed: look again next poll
             seen.add(maxtext_step)
@@ -469,25 +205,15 @@ class _StopForwarder:
     def __init__(self, child: subprocess.Popen) -> None:
         self.child = child
         self.signum: Optional[int] = None
-        self._previous: dict[int, Any] = {}
+        self.uninstall = lambda: None
 
     def install(self) -> "_StopForwarder":
-        if threading.current_thread() is threading.main_thread():
-            for sig in STOP_SIGNALS:
-                self._previous[sig] = signal.signal(sig, self._handle)
+        self.uninstall = on_stop_signals(self._handle)
         return self
 
-    def uninstall(self) -> None:
-        for sig, handler in self._previous.items():
-            signal.signal(sig, handler)
-        self._previous.clear()
-
-    def _handle(self, signum, frame) -> None:
+    def _handle(self, signum: int) -> None:
         if self.signum is not None:
             return
         self.signum = signum  # reported by the main loop: emitting here could deadlock on the writer's lock
         if self.child.poll() is None:
             self.child.send_signal(signal.SIGTERM)
-
-
-__all__ = ["run", "build_command", "maxtext_overrides", "durable_checkpoints", "MaxTextIncomplete"]

@@ -12,95 +12,18 @@ cluster). Each step:
    participant finished its all-reduce. If a peer died mid-step the survivors
    discard the step (it is recorded with ``committed=False``) and go on.
 
-The data is synthetic and deterministic: batch ``(seed, step, replica)`` can
-always be rebuilt, so two runs with the same spec see the same tokens. Each
-sequence is an arithmetic progression modulo the vocabulary, which a small
-decoder learns quickly, so the loss curve visibly falls.
+The model and the data are :mod:`.tiny_decoder`'s, shared with ddp-restart.
 """
 
 from __future__ import annotations
 
-import hashlib
 import os
-import signal
 import socket
-import threading
 import time
 
 from .base import JobContext
-
-
-def make_batch(seed: int, step: int, replica: int, batch_size: int, seq_len: int, vocab: int):
-    import torch
-
-    g = torch.Generator().manual_seed((seed * 1_000_003 + step) * 1009 + replica)
-    start = torch.randint(0, vocab, (batch_size, 1), generator=g)
-    stride = torch.randint(1, 8, (batch_size, 1), generator=g)
-    seq = (start + stride * torch.arange(seq_len + 1)) % vocab
-    return seq[:, :-1], seq[:, 1:]
-
-
-def build_model(m):
-    import torch
-    from torch import nn
-
-    class TinyDecoder(nn.Module):
-        """Token + position embeddings, causal transformer blocks, a linear head."""
-
-        def __init__(self) -> None:
-            super().__init__()
-            self.tok = nn.Embedding(m["vocab_size"], m["dim"])
-            self.pos = nn.Embedding(m["seq_len"], m["dim"])
-            layer = nn.TransformerEncoderLayer(
-                m["dim"], m["heads"], 4 * m["dim"], dropout=0.0, batch_first=True, norm_first=True
-            )
-            self.blocks = nn.TransformerEncoder(layer, m["layers"], enable_nested_tensor=False)
-            self.norm = nn.LayerNorm(m["dim"])
-            self.head = nn.Linear(m["dim"], m["vocab_size"])
-            self.register_buffer("mask", nn.Transformer.generate_square_subsequent_mask(m["seq_len"]), persistent=False)
-
-        def forward(self, x):
-            h = self.tok(x) + self.pos(torch.arange(x.shape[1]))
-            h = self.blocks(h, mask=self.mask[: x.shape[1], : x.shape[1]], is_causal=True)
-            return self.head(self.norm(h))
-
-    return TinyDecoder()
-
-
-def weights_checksum(model) -> str:
-    h = hashlib.sha1()
-    for name, p in sorted(model.state_dict().items()):
-        h.update(name.encode())
-        h.update(p.detach().contiguous().numpy().tobytes())
-    return h.hexdigest()[:16]
-
-
-def state_bytes(obj) -> int:
-    import torch
-
-    if isinstance(obj, torch.Tensor):
-        return obj.numel() * obj.element_size()
-    if isinstance(obj, dict):
-        return sum(state_bytes(v) for v in obj.values())
-    if isinstance(obj, (list, tuple)):
-        return sum(state_bytes(v) for v in obj)
-    return 0
-
-
-class _Heartbeat(threading.Thread):
-    """Reports liveness and the current step while a step is slow."""
-
-    def __init__(self, writer, period: float) -> None:
-        super().__init__(daemon=True, name="workbench-heartbeat")
-        self.writer, self.period, self.step = writer, period, 0
-        self._stop_evt = threading.Event()
-
-    def run(self) -> None:
-        while not self._stop_evt.wait(self.period):
-            self.writer.emit("heartbeat", step=self.step)
-
-    def stop(self) -> None:
-        self._stop_evt.set()
+from .kit import Heartbeat, StopRequest, state_bytes, weights_checksum
+from .tiny_decoder import build_model, make_batch, warm_up_adamw
 
 
 def run(ctx: JobContext) -> None:
@@ -110,9 +33,7 @@ def run(ctx: JobContext) -> None:
     spare_id = ctx.spare_id
     role = "replica" if spare_id is None else "spare"
     writer.emit("start", trainer="torchft-lite", role=role, world_size=1, **ctx.placement())
-    stop_reason: list[str] = []
-    signal.signal(signal.SIGTERM, lambda *_: stop_reason.append("preempted"))
-    signal.signal(signal.SIGUSR2, lambda *_: stop_reason.append("preempted"))
+    stop = StopRequest()
 
     if spec["cluster"] == "local":
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
@@ -138,13 +59,7 @@ def run(ctx: JobContext) -> None:
     torch.manual_seed(spec["seed"])
     model = build_model(m)
     inner_opt = torch.optim.AdamW(model.parameters(), lr=m["lr"])
-    # The first AdamW step imports and compiles a lot; pay for it before joining a quorum.
-    warm = build_model(m)
-    warm_opt = torch.optim.AdamW(warm.parameters(), lr=m["lr"])
-    x, y = make_batch(0, 0, 0, 1, m["seq_len"], m["vocab_size"])
-    torch.nn.functional.cross_entropy(warm(x).flatten(0, 1), y.flatten()).backward()
-    warm_opt.step()
-    del warm, warm_opt
+    warm_up_adamw(m)  # before joining a quorum
 
     heal_stats: dict = {}
 
@@ -166,7 +81,7 @@ def run(ctx: JobContext) -> None:
     def load_state_dict(sd) -> None:
         model.load_state_dict(sd["model"])
         inner_opt.load_state_dict(sd["optim"])
-        writer.emit("heal", **heal_stats, weights=weights_checksum(model))
+        writer.emit("heal", **heal_stats, weights=weights_checksum(model.state_dict()))
 
     def state_dict():
         return {"model": model.state_dict(), "optim": inner_opt.state_dict()}
@@ -187,7 +102,7 @@ def run(ctx: JobContext) -> None:
         # Manager yet: an idle Manager heartbeats, and the lighthouse would hold every quorum
         # for up to join_timeout_ms waiting for it.
         writer.emit("phase", phase="spare_ready", seconds=time.time() - t_start)
-        if not ctx.wait_for_assignment(stop=lambda: bool(stop_reason)):
+        if not ctx.wait_for_assignment(stop=lambda: stop.reason is not None):
             writer.emit("exit", reason="stopped", step=0)
             os._exit(0)
         writer.close()
@@ -222,7 +137,7 @@ def run(ctx: JobContext) -> None:
     optimizer = Optimizer(manager, inner_opt)
     writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)
 
-    beat = _Heartbeat(writer, spec["heartbeat_s"])
+    beat = Heartbeat(writer, spec["heartbeat_s"])
     beat.start()
     steps = spec["steps"]
     checksum_every = max(1, int(spec.get("checksum_every", 10)))
@@ -232,8 +147,8 @@ def run(ctx: JobContext) -> None:
     loop_t0, iterations = time.perf_counter(), 0
     try:
         while manager.current_step() < steps:
-            if stop_reason:
-                reason = stop_reason[0]
+            if stop.reason:
+                reason = stop.reason
                 break
             t0 = time.perf_counter()
             iterations += 1
@@ -256,7 +171,7 @@ def run(ctx: JobContext) -> None:
                     batch_seed=[spec["seed"], step_before, ctx.replica],
                 )
                 if step % checksum_every == 0 or step >= steps:
-                    fields["weights"] = weights_checksum(model)
+                    fields["weights"] = weights_checksum(model.state_dict())
                 writer.emit("step", **fields)
     except Exception as e:  # recorded, then re-raised so the job is seen to fail
         writer.emit("exit", reason="error", step=manager.current_step(), error=f"{type(e).__name__}: {e}")
@@ -264,7 +179,7 @@ def run(ctx: JobContext) -> None:
     finally:
         beat.stop()
     writer.emit(
-        "exit", reason=reason, step=manager.current_step(), weights=weights_checksum(model),
+        "exit", reason=reason, step=manager.current_step(), weights=weights_checksum(model.state_dict()),
         loop_seconds=time.perf_counter() - loop_t0, iterations=iterations,
     )
     manager.shutdown(wait=False)

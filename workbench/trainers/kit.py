@@ -1,0 +1,178 @@
+"""What every trainer does the same way: liveness, weight checksums, stop signals, child processes, checkpoints.
+
+One definition each, so that the trainers agree on what their events mean:
+two ``weights`` checksums are comparable across trainers and replica groups
+because one function computes them, a ``heartbeat`` means the same thread is
+alive, and ``durable`` means the commit rule of :class:`CheckpointLayout`.
+
+Importing this module imports no torch; the functions that need it import it
+when called.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import os
+import re
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any, Callable, Mapping, Optional
+
+STOP_SIGNALS = (signal.SIGTERM, signal.SIGUSR2)
+"""What a planned stop arrives as: SIGTERM (scancel, the controller) or SIGUSR2 (Slurm's ``--signal``,
+submitit's preemption notice, the workbench's ``preempt`` fault)."""
+
+
+class Heartbeat(threading.Thread):
+    """Emits ``heartbeat`` with the current ``step`` every ``period`` seconds, also while a step is slow.
+
+    The training loop sets ``step``; the hang detector reads the heartbeats.
+    """
+
+    def __init__(self, writer, period: float) -> None:
+        super().__init__(daemon=True, name="workbench-heartbeat")
+        self.writer, self.period, self.step = writer, period, 0
+        self._stopped = threading.Event()
+
+    def run(self) -> None:
+        while not self._stopped.wait(self.period):
+            self.writer.emit("heartbeat", step=self.step)
+
+    def stop(self) -> None:
+        self._stopped.set()
+
+
+def _local(tensor):
+    """A DTensor's local shard, anything else as it is.
+
+    An object can only be a DTensor once ``torch.distributed.tensor`` is
+    imported, so a trainer that never uses one does not pay for that import.
+    """
+    dtensor = sys.modules.get("torch.distributed.tensor")
+    if dtensor is not None and isinstance(tensor, dtensor.DTensor):
+        return tensor.to_local()
+    return tensor
+
+
+def weights_checksum(state: Mapping[str, Any]) -> str:
+    """A short hash of a model state dict (this rank's shards), comparable across replica groups.
+
+    Every tensor is hashed as contiguous float32 on the CPU, by name order, so
+    two groups holding the same weights agree whatever device or sharding
+    produced them.
+    """
+    h = hashlib.sha1()
+    for name, t in sorted(state.items()):
+        h.update(name.encode())
+        h.update(_local(t).detach().float().contiguous().cpu().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+def state_bytes(obj: Any) -> int:
+    """Bytes of the tensors in a (nested) state dict: what a heal transferred. DTensors count their local shard."""
+    import torch
+
+    obj = _local(obj)
+    if isinstance(obj, torch.Tensor):
+        return obj.numel() * obj.element_size()
+    if isinstance(obj, dict):
+        return sum(state_bytes(v) for v in obj.values())
+    if isinstance(obj, (list, tuple)):
+        return sum(state_bytes(v) for v in obj)
+    return 0
+
+
+def die_with_parent(parent_pid: Optional[int] = None) -> None:
+    """Have the kernel SIGKILL this process when its parent dies (``PR_SET_PDEATHSIG``).
+
+    A cancelled or killed job must not leave ranks or a training child behind:
+    the next attempt would share the checkpoint directory (or the port) with
+    a live predecessor. With ``parent_pid`` this also closes the race of a
+    parent that died before the call: the process exits (code 1) at once.
+    Usable as ``subprocess.Popen(preexec_fn=...)``. A no-op where prctl does
+    not exist.
+    """
+    import ctypes
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except (OSError, AttributeError):
+        return
+    if parent_pid is not None and os.getppid() != parent_pid:
+        os._exit(1)
+
+
+def on_stop_signals(handler: Callable[[int], None]) -> Callable[[], None]:
+    """Call ``handler(signum)`` on each of :data:`STOP_SIGNALS`; returns a function that restores the previous handlers.
+
+    Python runs signal handlers on the main thread only and refuses to install
+    them from another; there this installs nothing (the restore is a no-op).
+    The handler runs between bytecodes of the main thread: it must not take a
+    lock that thread may hold (an event writer's), so it should only record.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        return lambda: None
+    previous = {sig: signal.signal(sig, lambda signum, _frame: handler(signum)) for sig in STOP_SIGNALS}
+
+    def restore() -> None:
+        for sig, old in previous.items():
+            signal.signal(sig, old)
+        previous.clear()
+
+    return restore
+
+
+class StopRequest:
+    """A planned stop, as a flag the training loop polls between steps: ``reason`` is None or ``"preempted"``."""
+
+    def __init__(self) -> None:
+        self.reason: Optional[str] = None
+        self.restore = on_stop_signals(self._record)
+
+    def _record(self, signum: int) -> None:
+        self.reason = self.reason or "preempted"
+
+
+def signal_pid(pid: int, sig: int) -> None:
+    """``os.kill`` that ignores a process already gone."""
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
+
+
+@dataclasses.dataclass(frozen=True)
+class CheckpointLayout:
+    """How a trainer names its checkpoints in one directory, where the name is the commit marker.
+
+    A checkpoint is written under a name matching ``in_progress`` and renamed
+    to one matching ``committed`` (whose first group is the step) only once it
+    is complete, so a name that matches ``committed`` is durable and a name
+    that matches ``in_progress`` is a write that never finished.
+    """
+
+    committed: re.Pattern
+    in_progress: re.Pattern
+
+    def durable(self, directory: os.PathLike | str) -> dict[int, Path]:
+        """Step → path of every committed checkpoint in ``directory`` (empty if it does not exist)."""
+        found: dict[int, Path] = {}
+        for entry in _entries(directory):
+            match = self.committed.match(entry.name)
+            if match:
+                found[int(match.group(1))] = Path(entry.path)
+        return found
+
+    def leftovers(self, directory: os.PathLike | str) -> list[str]:
+        """Names of the unfinished writes in ``directory``, sorted."""
+        return sorted(e.name for e in _entries(directory) if self.in_progress.match(e.name))
+
+
+def _entries(directory: os.PathLike | str) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(directory))
+    except OSError:
+        return []

@@ -1,0 +1,96 @@
+"""The trainers the workbench can run, and what the rest of the package must know about each.
+
+Every rule elsewhere that depends on which trainer a spec names (the spec's
+choices and cross-checks, the controller's lighthouse, the Slurm checks, the
+goodput accounting) reads it from a :class:`TrainerKind` here instead of
+comparing names. This module imports no trainer and no torch: the spec
+imports it.
+
+Two recovery models:
+
+- **elastic**: torchft replica groups under one lighthouse. A relaunched
+  group heals from a live peer; the controller runs one job per group.
+- **checkpoint-restart**: one job for the whole run. Any fault costs the job,
+  which restarts from its last durable checkpoint.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Optional
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainerKind:
+    """One trainer, described by data the rest of the package decides on.
+
+    ``sections`` are the spec sections the trainer reads besides the common
+    fields (steps, seed, replicas, heartbeat_s, ...). ``batch_from_model``:
+    a ``step`` event stands for ``model.batch_size`` samples (the trainers
+    whose batches come from the spec's ``model`` section); otherwise for one.
+    ``writer_per_replica``: each of ``spec.replicas`` (replica groups, or the
+    ranks of a one-job trainer) writes its own ``step`` events; otherwise the
+    run has one step writer. ``slurm_tasks``: the number of Slurm tasks
+    (nodes × tasks per node) a job of this trainer must have, None for any.
+    ``checkpoint_period``: the dotted spec key of the trainer's checkpoint
+    period in steps, for the preflight warning that no checkpoint is written.
+    """
+
+    name: str
+    module: str
+    elastic: bool
+    sections: tuple[str, ...]
+    supports_spares: bool = False
+    batch_from_model: bool = False
+    writer_per_replica: bool = True
+    slurm_tasks: Optional[int] = None
+    checkpoint_period: Optional[str] = None
+
+    def samples_per_step(self, spec) -> int:
+        """Samples one writer's committed step trains on."""
+        return spec.model.batch_size if self.batch_from_model else 1
+
+    def step_writers(self, spec) -> int:
+        """How many event streams report ``step`` events in a fault-free run."""
+        return spec.replicas if self.writer_per_replica else 1
+
+
+KINDS: tuple[TrainerKind, ...] = (
+    TrainerKind(
+        "torchft-lite", "workbench.trainers.torchft_lite", elastic=True,
+        sections=("model", "torchft", "lighthouse"), supports_spares=True, batch_from_model=True, slurm_tasks=1,
+    ),
+    TrainerKind(
+        "titan", "workbench.trainers.titan", elastic=True,
+        sections=("titan", "torchft", "lighthouse"), checkpoint_period="titan.checkpoint_interval",
+    ),
+    TrainerKind(
+        "maxtext", "workbench.trainers.maxtext", elastic=False,
+        sections=("maxtext",), writer_per_replica=False, checkpoint_period="maxtext.checkpoint_period",
+    ),
+    TrainerKind(
+        "ddp-restart", "workbench.trainers.ddp_restart", elastic=False,
+        sections=("model", "checkpoint", "torchft"), batch_from_model=True,
+    ),
+)
+_BY_NAME = {k.name: k for k in KINDS}
+
+
+class UnknownTrainer(KeyError):
+    """A trainer name not in :data:`KINDS`; the message names the allowed ones."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def trainer_names() -> tuple[str, ...]:
+    """The names a spec's ``trainer`` may take, in the order the spec lists them."""
+    return tuple(_BY_NAME)
+
+
+def trainer_kind(name: str) -> TrainerKind:
+    """The trainer called ``name``; KeyError naming the allowed names otherwise."""
+    try:
+        return _BY_NAME[name]
+    except KeyError:
+        raise UnknownTrainer(f"trainer: {name!r}; allowed: {', '.join(_BY_NAME)}") from None

@@ -1,0 +1,279 @@
+"""One rank of a TorchTitan replica group (``python -m workbench.trainers.titan_rank <torchtitan flags>``).
+
+:func:`.titan.run` starts ``nproc_per_replica`` of these per group. Each
+applies the CPU patches when there is no accelerator, installs
+:class:`TitanEvents`, and calls torchtitan's own ``train.main()``. Rank 0 of
+the group writes the replica's events: ``phase``, ``step``, ``heal``,
+``checkpoint``, ``heartbeat``, torchft's ``quorum``/``commit`` records, and
+``exit`` with ``reason="completed"`` when torchtitan finished its target step.
+
+Healing: three upstream problems, guarded here
+----------------------------------------------
+torchtitan builds torchft's Manager with ``use_async_quorum=True``: the quorum,
+and a recovering peer's checkpoint transfer, run on a thread *during* the
+forward pass.
+
+1. That thread calls the model's ``state_dict()`` to serve the peer, and FSDP2's
+   state-dict pre-hook reshards the parameters (``_to_sharded``) while the main
+   thread's forward uses the unsharded ones: the serving group crashed with
+   ``aten.mm.default got mixed torch.Tensor and DTensor`` (seen when both groups
+   started together and one healed at step 0).
+2. A recovering group ran its first forward on its own stale weights (its first
+   loss was the untrained one): torchft applies received weights only in
+   ``should_commit``, after the backward.
+3. After healing, the groups' weights parted for good: the optimizer state is
+   served from a dict ``TorchFTOptimizersContainer`` cached at start, whose
+   tensors are live but whose ``lr`` is the warm-up value from back then, so
+   the healed group took one step with the wrong learning rate.
+
+Before each step's forward, :class:`TitanEvents` waits for the quorum (no
+``state_dict()`` runs concurrently with compute; the cost is the overlap of
+quorum and forward), applies a received checkpoint at once (what torchft's
+synchronous-quorum mode does in ``start_quorum``), and resets each param
+group's lr from the received scheduler. A step whose commit failed (a peer
+died mid-step) is retried under the same step number and does not advance
+the lr schedule, so ``training.steps`` counts committed steps, as the
+manager does.
+"""
+
+from __future__ import annotations
+
+import os
+import resource
+import sys
+import time
+from typing import Any, Optional
+
+from ..events import EventWriter, TorchftLogHandler
+from ..rundir import dir_bytes
+from .kit import Heartbeat, state_bytes, weights_checksum
+
+
+def _peak_mem_gb() -> float:
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.max_memory_reserved() / 1e9
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / 1e9
+
+
+def _received_model(state: dict) -> Optional[dict]:
+    for user_state in (state.get("user") or {}).values():
+        if isinstance(user_state, dict) and "model" in user_state:
+            return user_state["model"]
+    return None
+
+
+class TitanEvents:
+    """Hooks into torchtitan's FaultTolerantTrainer: events, and the heal guard.
+
+    Installed by wrapping methods of the trainer class before it is built, so
+    torchtitan's own training loop runs unchanged:
+
+    - ``__init__``: after it, the torchft Manager exists; hook its
+      ``should_commit`` (commit result, participation) and its checkpoint
+      transport's ``recv_checkpoint`` (heal seconds, bytes, source).
+    - ``forward_backward_step``: before the first one of a step, wait for the
+      quorum and apply a received checkpoint (see the module docstring).
+    - ``train_step``: time it and emit the ``step`` event.
+    - ``MetricsProcessor.log``: the loss torchtitan computed for the step.
+    - ``TorchFTCheckpointManager._save``: ``checkpoint`` events.
+
+    Only rank 0 of the group writes (``writer`` is None elsewhere); the guard
+    runs on every rank.
+    """
+
+    def __init__(self, writer: Optional[EventWriter], heartbeat_s: float = 1.0, checksum_every: int = 10) -> None:
+        self.writer = writer
+        self.heartbeat_s = heartbeat_s
+        self.checksum_every = max(1, checksum_every)
+        self.t_start = time.time()
+        self.trainer = None
+        self.manager = None
+        self._step_state: dict = {}
+        self._heal: dict = {}
+        self._heartbeat: Optional[Heartbeat] = None
+
+    def emit(self, kind: str, **fields: Any) -> None:
+        if self.writer is not None:
+            self.writer.emit(kind, **fields)
+
+    def install(self) -> "TitanEvents":
+        from torchtitan.components.metrics import MetricsProcessor
+        from torchtitan.experiments.torchft.checkpoint import TorchFTCheckpointManager
+        from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
+
+        hooks = self
+        init, train_step, fwd_bwd = (
+            FaultTolerantTrainer.__init__, FaultTolerantTrainer.train_step,
+            FaultTolerantTrainer.forward_backward_step,
+        )
+        log_metrics, save = MetricsProcessor.log, TorchFTCheckpointManager._save
+
+        def __init__(trainer, config):
+            init(trainer, config)
+            hooks._attach(trainer)
+
+        def train_step_hook(trainer, data_iterator):
+            hooks._step_state = {"t0": time.perf_counter(), "guarded": False}
+            train_step(trainer, data_iterator)
+            hooks._after_step()
+
+        def forward_backward_step(trainer, *args, **kwargs):
+            if not hooks._step_state.get("guarded", True):
+                hooks._step_state["guarded"] = True
+                hooks._quorum_then_heal()
+            loss = fwd_bwd(trainer, *args, **kwargs)
+            hooks._step_state["local_loss"] = hooks._step_state.get("local_loss", 0.0) + float(loss.detach())
+            return loss
+
+        def log(processor, step, global_avg_loss, global_max_loss, grad_norm, *args, **kwargs):
+            hooks._step_state["loss"] = float(global_avg_loss)
+            hooks._step_state["grad_norm"] = float(grad_norm)
+            return log_metrics(processor, step, global_avg_loss, global_max_loss, grad_norm, *args, **kwargs)
+
+        def _save(checkpointer, curr_step, last_step=False):
+            t0 = time.perf_counter()
+            saved = save(checkpointer, curr_step, last_step)
+            if saved:
+                path = checkpointer._create_checkpoint_id(curr_step)
+                hooks.emit("checkpoint", step=curr_step, path=path, seconds=time.perf_counter() - t0,
+                           bytes=dir_bytes(path), durable=True)
+            return saved
+
+        FaultTolerantTrainer.__init__ = __init__
+        FaultTolerantTrainer.train_step = train_step_hook
+        FaultTolerantTrainer.forward_backward_step = forward_backward_step
+        MetricsProcessor.log = log
+        TorchFTCheckpointManager._save = _save
+        return self
+
+    def _attach(self, trainer) -> None:
+        self.trainer = trainer
+        self.manager = manager = trainer.ft_manager.manager
+        transport = manager._checkpoint_transport
+        recv = transport.recv_checkpoint
+        should_commit = manager.should_commit
+        hooks = self
+
+        lr_step = trainer.lr_schedulers.step
+
+        def recv_checkpoint(src_rank, metadata, step, timeout):
+            t0 = time.perf_counter()
+            state = recv(src_rank, metadata, step, timeout)
+            seconds = time.perf_counter() - t0
+            model = _received_model(state)
+            hooks._heal = dict(seconds=seconds, bytes=state_bytes(state), from_address=metadata,
+                               from_rank=src_rank, step=step,
+                               weights=weights_checksum(model) if model is not None else None)
+            return state
+
+        def should_commit_hook(*args, **kwargs):
+            committed = should_commit(*args, **kwargs)
+            hooks._step_state.update(
+                committed=bool(committed), participating=bool(manager.is_participating()),
+                participants=manager.num_participants(), quorum_id=manager._quorum_id,
+            )
+            if not committed:
+                trainer.step -= 1  # torchtitan counts iterations; retry this step's number
+            return committed
+
+        def lr_schedulers_step(*args, **kwargs):
+            if hooks._step_state.get("committed", True):
+                lr_step(*args, **kwargs)
+
+        transport.recv_checkpoint = recv_checkpoint
+        manager.should_commit = should_commit_hook
+        trainer.lr_schedulers.step = lr_schedulers_step
+        if self.writer is not None:
+            TorchftLogHandler(self.writer).install()
+            self._heartbeat = Heartbeat(self.writer, self.heartbeat_s)
+            self._heartbeat.start()
+        self.emit("phase", phase="manager_ready", seconds=time.time() - self.t_start,
+                  checkpoint_address=transport.metadata())
+
+    def _quorum_then_heal(self) -> None:
+        manager = self.manager
+        manager.wait_quorum()
+        if manager._healing:
+            t0 = time.perf_counter()
+            manager._apply_pending_state_dict()
+            manager._healing = False
+            self._sync_lr_to_scheduler()
+            self._step_state["healed"] = True
+            self.emit("heal", **self._heal, apply_seconds=time.perf_counter() - t0,
+                      titan_step=self.trainer.step,
+                      forward_weights=self._weights() if self.writer is not None else None)
+
+    def _sync_lr_to_scheduler(self) -> None:
+        """Set each param group's lr to the received scheduler's (problem 3 above)."""
+        trainer = self.trainer
+        for scheduler, optimizer in zip(trainer.lr_schedulers.schedulers, trainer.optimizers.optimizers):
+            for group, lr in zip(optimizer.param_groups, scheduler.get_last_lr()):
+                group["lr"] = lr
+
+    def _weights(self) -> str:
+        return weights_checksum(self.trainer.checkpointer.states["model"].state_dict())
+
+    def _after_step(self) -> None:
+        s, trainer, manager = self._step_state, self.trainer, self.manager
+        dt = time.perf_counter() - s["t0"]
+        cfg = trainer.config.training
+        tokens = cfg.local_batch_size * cfg.seq_len * int(os.environ.get("WORLD_SIZE", "1"))
+        step = manager.current_step()
+        if self._heartbeat is not None:
+            self._heartbeat.step = step
+        if self.writer is not None and s.get("committed") and step % self.checksum_every == 0:
+            s["weights"] = self._weights()
+        self.emit(
+            "step", step=step, loss=s.get("loss", s.get("local_loss")), local_loss=s.get("local_loss"),
+            committed=s.get("committed", False), participating=s.get("participating", False),
+            participants=s.get("participants"), quorum_id=s.get("quorum_id"), healed=s.get("healed", False),
+            step_time_s=dt, tokens_per_s=tokens / dt if dt else None, mem_gb=_peak_mem_gb(),
+            titan_step=trainer.step, grad_norm=s.get("grad_norm"), weights=s.get("weights"),
+        )
+
+    def finish(self) -> None:
+        trainer, manager = self.trainer, self.manager
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        target = trainer.config.training.steps if trainer is not None else None
+        done = trainer is not None and trainer.step >= target
+        step = manager.current_step() if manager is not None else None
+        self.emit("exit", reason="completed" if done else "error", step=step,
+                  **({} if done else {"error": "torchtitan returned before the target step"}))
+        if self.writer is not None:
+            self.writer.close()
+
+
+def rank_main(argv: list[str]) -> None:
+    """One rank of a replica group: patch (CPU), hook, run torchtitan's train main."""
+    t0 = time.time()
+    from . import titan_cpu
+
+    if titan_cpu.needed():
+        titan_cpu.apply()
+    writer = None
+    if os.environ.get("RANK", "0") == "0" and os.environ.get("WORKBENCH_RUN_DIR"):
+        writer = EventWriter(
+            os.environ["WORKBENCH_RUN_DIR"], f"replica-{os.environ['WORKBENCH_REPLICA']}.attempt-"
+            f"{os.environ['WORKBENCH_ATTEMPT']}", run=os.environ.get("WORKBENCH_RUN_ID"),
+            replica=int(os.environ["WORKBENCH_REPLICA"]), attempt=int(os.environ["WORKBENCH_ATTEMPT"]),
+        )
+    hooks = TitanEvents(writer, float(os.environ.get("WORKBENCH_HEARTBEAT_S", "1.0")),
+                        int(os.environ.get("WORKBENCH_CHECKSUM_EVERY", "10")))
+    hooks.t_start = t0
+    from torchtitan import train
+
+    hooks.install()
+    hooks.emit("phase", phase="imports_done", seconds=time.time() - t0)
+    sys.argv = [train.__file__, *argv]
+    train.main()
+    hooks.finish()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)  # torchft's manager threads would hold the interpreter open
+
+
+if __name__ == "__main__":
+    rank_main(sys.argv[1:])
