@@ -40,7 +40,7 @@ import numpy as np
 import pandas as pd
 
 from . import analysis, faultkinds
-from .trainers import ELASTIC
+from .trainers import trainer_kind
 
 
 def _events_and_spec(run: Any) -> tuple[list[dict], Any]:
@@ -71,7 +71,7 @@ def rolled_back(events: list[dict]) -> pd.Series:
 
 def samples_per_step(spec) -> int:
     """Samples one replica's (or rank's) committed step trains on."""
-    return spec.model.batch_size if spec.trainer in ("torchft-lite", "ddp-restart") else 1
+    return trainer_kind(spec.trainer).samples_per_step(spec)
 
 
 def throughput(events: list[dict], spec) -> dict:
@@ -145,7 +145,7 @@ def fault_cost(run: Any, fault_free: Any = None) -> dict:
     measured = faulted["lost_s"] / faults if faults and faulted["lost_s"] is not None else None
     out = {
         "trainer": spec.trainer,
-        "elastic": spec.trainer in ELASTIC,
+        "elastic": trainer_kind(spec.trainer).elastic,
         "rate_samples_per_s": rate,
         "faulted_rate_samples_per_s": faulted["rate_samples_per_s"],
         "useful_samples_per_s": faulted["useful_samples_per_s"],

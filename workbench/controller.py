@@ -39,7 +39,7 @@ from .events import EventReader, EventWriter
 from .lighthouse import Lighthouse
 from .runstate import RunState
 from .spec import Spec
-from .trainers import ELASTIC, JobContext, job_entrypoint, quorum_epochs
+from .trainers import JobContext, job_entrypoint, quorum_epochs, trainer_kind
 
 POLL_S = 0.1
 LIGHTHOUSE_START_S = 30.0
@@ -70,14 +70,14 @@ class Controller:
         self.writer = EventWriter(self.run_dir, "controller", run=self.run_id)
         self.reader = EventReader(self.run_dir)
         self.cluster = make_cluster(self.spec, self.run_dir)
-        self.elastic = self.spec.trainer in ELASTIC
+        self.elastic = trainer_kind(self.spec.trainer).elastic
         self.lighthouse: Optional[Lighthouse] = None
         self.lighthouse_down_t: Optional[float] = None
         self.lighthouse_next_try = 0.0
         self.lighthouse_pending: Optional[float] = None  # launched, not listening yet: give up at this time
         self.lighthouse_failures = 0
         self.slots = {r: ReplicaSlot(r) for r in range(self.spec.replicas if self.elastic else 1)}
-        self.run_state = RunState(len(self.slots), self.spec.steps)
+        self.run_state = RunState(self.spec.replicas, self.spec.steps)  # ranks of a one-job trainer too
         self.exits: dict[tuple[int, int], dict] = {}
         self.max_step = 0
         self.stopping = False
@@ -168,7 +168,7 @@ class Controller:
             replica=slot.replica,
             attempt=slot.attempt,
             lighthouse_addr=self.lighthouse.address if self.lighthouse else None,
-            env=self._job_env(),
+            env=self._job_env(), loopback_only=self.cluster.loopback_only,
         )
         slot.job = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-r{slot.replica}")
         slot.state = "running"
@@ -217,7 +217,7 @@ class Controller:
         self.next_spare_id += 1
         ctx = JobContext(
             run_dir=str(self.run_dir), run_id=self.run_id, spec=self.spec.to_dict(), replica=-1, attempt=-1,
-            lighthouse_addr=self.lighthouse.address if self.lighthouse else None, env=self._job_env(),
+            lighthouse_addr=self.lighthouse.address if self.lighthouse else None, env=self._job_env(), loopback_only=self.cluster.loopback_only,
             spare_id=spare_id,
         )
         self.spares[spare_id] = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-spare{spare_id}")

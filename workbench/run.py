@@ -29,7 +29,7 @@ from . import analysis, cluster, faultkinds, faults, rundir, schedule
 from .events import EventReader, EventWriter, to_frame
 from .runstate import TERMINAL, RunState
 from .spec import Spec, SpecError, load_spec, preflight
-from .trainers import ELASTIC
+from .trainers import trainer_kind
 
 KILL_ALIASES = {"sigkill": "kill"}
 ENDED = (*TERMINAL, "lost")
@@ -49,7 +49,7 @@ class Run:
         self._reader = EventReader(self.run_dir)
         self._events: list[dict] = []
         self._lock = threading.RLock()
-        self.run_state = RunState(group_count(self.spec), self.spec.steps)
+        self.run_state = RunState(self.spec.replicas, self.spec.steps)
         self._controller = _controller
         self._cluster: Optional[cluster.Cluster] = None
 
@@ -173,7 +173,7 @@ class Run:
         if kind is None or not kind.supported_on(self.spec.cluster):
             raise faults.FaultError(f"how: {how!r}; allowed: {', '.join(self.fault_kinds())}")
         if replica is None and kind.targets == "replica":
-            replica = 0 if self.run_state.groups == 1 or self.spec.trainer not in ELASTIC else None
+            replica = 0 if self.run_state.groups == 1 or not trainer_kind(self.spec.trainer).elastic else None
         return self.fault(action, replica, origin=origin, seconds=seconds)
 
     def fault(self, action: str, target: Optional[int] = None, origin: str = "api", seconds: Optional[float] = None) -> dict:
@@ -216,11 +216,6 @@ class Run:
         from .widgets import Dashboard
 
         return Dashboard(self, **kwargs)
-
-
-def group_count(spec: Spec) -> int:
-    """Replica groups the controller runs: ``replicas`` for elastic trainers, else one job."""
-    return spec.replicas if spec.trainer in ELASTIC else 1
 
 
 def submit(

@@ -104,7 +104,7 @@ class RunState:
     """The fold; see the module docstring. ``subscribe`` gets each applied batch."""
 
     def __init__(self, replicas: int, steps: int = 0) -> None:
-        self.groups = replicas
+        self.groups = replicas  # replica groups, or the ranks of a one-job trainer (each writes its own events)
         self.replicas: dict[int, ReplicaView] = {r: ReplicaView(r) for r in range(replicas)}
         self.steps_planned = steps
         self.run_end: Optional[dict] = None

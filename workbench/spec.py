@@ -25,7 +25,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from . import faultkinds
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-TRAINERS = ("torchft-lite", "titan", "maxtext", "ddp-restart")
+from .trainers.registry import trainer_kind, trainer_names
+
+TRAINERS = trainer_names()
 
 
 class SpecError(ValueError):
@@ -246,7 +248,7 @@ class Spec(_Section):
     """One experiment. ``workbench.load_spec`` builds it; ``to_dict`` round-trips."""
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    trainer: Literal["torchft-lite", "titan", "maxtext", "ddp-restart"] = "torchft-lite"
+    trainer: Literal[TRAINERS] = "torchft-lite"
     cluster: str = "local"
     replicas: int = Field(3, ge=1, le=1024)
     min_replicas: int = Field(1, ge=1, le=1024)
@@ -298,8 +300,9 @@ class Spec(_Section):
             raise ValueError(f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "
                              "run listens on 127.0.0.1 only (set lighthouse.allow_non_loopback: true to serve "
                              "quorums to the network)")
-        if self.spares and self.trainer != "torchft-lite":
-            raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer torchft-lite only")
+        if self.spares and not trainer_kind(self.trainer).supports_spares:
+            with_spares = ", ".join(n for n in TRAINERS if trainer_kind(n).supports_spares)
+            raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer {with_spares} only")
         if self.chaos and self.chaos.targets:
             bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
             if bad:
@@ -525,12 +528,14 @@ def preflight(spec: Spec) -> list[str]:
             "a group that is already heartbeating (a replacement about to ask to join) is left out of the "
             "next quorum and splits off into a later one"
         )
-    if spec.trainer in ("torchft-lite", "titan") and spec.relaunch == "auto" and spec.replicas == 1:
+    if trainer_kind(spec.trainer).elastic and spec.relaunch == "auto" and spec.replicas == 1:
         warnings.append("replicas is 1: a relaunched group has no live peer to heal from and restarts from scratch")
     for i, f in enumerate(spec.faults):
         if f.at_step is not None and f.at_step >= spec.steps:
             warnings.append(f"faults[{i}].at_step ({f.at_step}) >= steps ({spec.steps}): it never fires")
-    period = spec.maxtext.get("checkpoint_period") if spec.trainer == "maxtext" else spec.titan.get("checkpoint_interval")
+    key = trainer_kind(spec.trainer).checkpoint_period
+    section, _, name = (key or "").partition(".")
+    period = getattr(spec, section).get(name) if key else None
     if isinstance(period, int) and period > spec.steps:
         warnings.append(
             f"checkpoint period ({period}) is longer than the run (steps={spec.steps}): no checkpoint is "

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 
 from .. import faultkinds
+from ..trainers import trainer_kind
 from .metrics import metrics_frame
 from .recovery import recovery_timeline
 
@@ -44,7 +45,7 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
         return empty
     df["committed"] = df["committed"].astype(bool)
     df["participating"] = df["participating"].fillna(True).astype(bool)
-    batch = spec.model.batch_size if spec.trainer in ("torchft-lite", "ddp-restart") else 1
+    batch = trainer_kind(spec.trainer).samples_per_step(spec)
     # A step redone after a restore from a checkpoint counts once.
     good = df[df["committed"] & df["participating"]].drop_duplicates(["replica", "step"], keep="first")
     t0, t1 = float(df.loc[df["committed"], "t"].min()), float(df.loc[df["committed"], "t"].max())
@@ -70,7 +71,7 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
     clean = ~dirty
     R = float(counts[clean].sum()) * batch / (clean.sum() * width) if clean.any() else float(np.median(counts)) * batch / width
     W = len(good) * batch
-    n = spec.replicas if spec.trainer != "maxtext" else 1
+    n = trainer_kind(spec.trainer).step_writers(spec)
     normal = n * batch / R if R > 0 else median_step
     # A survivor's stall lasts until the quorum without the victim has formed (and a step or two).
     formed = timeline["quorum_without_victim"].dropna() if len(timeline) else pd.Series(dtype=float)

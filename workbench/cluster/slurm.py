@@ -111,10 +111,10 @@ class SlurmCluster(Cluster):
     preempt_signal = signal.SIGUSR2  # submitit's preemption signal
 
     def __init__(self, spec, run_dir: Path) -> None:
-        from ..trainers import ELASTIC
+        from ..trainers import trainer_kind
 
         self.conf = resolve_conf(spec)
-        self.elastic = spec.trainer in ELASTIC
+        self.elastic = trainer_kind(spec.trainer).elastic
         self._states: dict[str, str] = {}
         self._polled_at = 0.0
         super().__init__(spec, run_dir)

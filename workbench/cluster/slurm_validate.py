@@ -23,7 +23,7 @@ def validate(spec) -> None:
     options submitit would use, which checks partition, account, qos, time
     and node counts without queueing anything.
     """
-    from ..trainers import ELASTIC
+    from ..trainers import trainer_kind
 
     conf = resolve_conf(spec)
     if conf and not Path(conf).is_file():
@@ -34,11 +34,12 @@ def validate(spec) -> None:
         hint = " (start the local one with `workbench cluster up`)" if not conf else ""
         raise SpecError(f"cluster: slurm: no Slurm controller answers ({where}){hint}: "
                         f"{(ping.stderr or ping.stdout).strip()}")
-    elastic = spec.trainer in ELASTIC
+    elastic = trainer_kind(spec.trainer).elastic
     s = spec.slurm
-    if spec.trainer == "torchft-lite" and s.nodes * s.tasks_per_node != 1:
-        raise SpecError(f"slurm.nodes x slurm.tasks_per_node: torchft-lite runs one process per replica group; "
-                        f"got {s.nodes} x {s.tasks_per_node}, allowed: 1 x 1")
+    tasks = trainer_kind(spec.trainer).slurm_tasks
+    if tasks is not None and s.nodes * s.tasks_per_node != tasks:
+        raise SpecError(f"slurm.nodes x slurm.tasks_per_node: {spec.trainer} runs {tasks} process(es) per job; "
+                        f"got {s.nodes} x {s.tasks_per_node}, allowed: a product of {tasks}")
     if elastic and s.requeue:
         raise SpecError("slurm.requeue: replica groups are resubmitted by the controller as the next attempt "
                         "(a Slurm requeue would re-run the same attempt); allowed: false")

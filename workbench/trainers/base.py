@@ -25,6 +25,7 @@ class JobContext:
     lighthouse_addr: Optional[str] = None
     env: dict = dataclasses.field(default_factory=dict)
     spare_id: Optional[int] = None
+    loopback_only: bool = False  # the backend's policy: every listener of the job on 127.0.0.1
 
     @property
     def writer_name(self) -> str:

@@ -157,7 +157,7 @@ def run(ctx: JobContext) -> None:
     }
     if ctx.lighthouse_addr:
         env["TORCHFT_LIGHTHOUSE"] = ctx.lighthouse_addr
-    if spec.get("cluster", "local") == "local":
+    if ctx.loopback_only:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
     if not torch.accelerator.is_available():
         env["OMP_NUM_THREADS"] = str(titan.get("threads", 1))

@@ -35,7 +35,7 @@ def run(ctx: JobContext) -> None:
     writer.emit("start", trainer="torchft-lite", role=role, world_size=1, **ctx.placement())
     stop = StopRequest()
 
-    if spec["cluster"] == "local":
+    if ctx.loopback_only:
         os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     import torch
 
@@ -48,7 +48,7 @@ def run(ctx: JobContext) -> None:
     from ..events import TorchftLogHandler
     from . import loopback, quorum_epochs
 
-    local = spec["cluster"] == "local"
+    local = ctx.loopback_only
     if local:
         loopback.install()
     log_handler = TorchftLogHandler(writer).install()
