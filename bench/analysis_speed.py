@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from workbench.events import EventReader, EventWriter
-from workbench.spec import load_spec
+from workbench.spec_load import load_spec
 
 BASE = 1_700_000_000.0
 DT = 0.05

@@ -24,7 +24,7 @@ from typing import Callable, Optional
 
 from workbench import rundir
 from workbench.events import EventReader, EventWriter
-from workbench.spec import load_spec
+from workbench.spec_load import load_spec
 
 REPLICAS = 3
 

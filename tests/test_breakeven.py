@@ -4,7 +4,7 @@ import pytest
 
 from workbench import breakeven as be
 from workbench.events import EventReader, EventWriter
-from workbench.spec import load_spec
+from workbench.spec_load import load_spec
 
 BASE = 1_000_000.0
 BATCH = 8

@@ -11,7 +11,7 @@ import pytest
 
 from workbench import rundir
 from workbench.events import EventWriter
-from workbench.spec import load_spec
+from workbench.spec_load import load_spec
 from workbench.widgets import Dashboard, DashboardState, active_dashboards
 from workbench.widgets.state import decimate
 
@@ -354,7 +354,7 @@ def test_panels_escape_what_event_files_say_and_use_decimal_units(tmp_path):
     Sizes in decimal units, as `workbench summary` prints them (1,500,000 bytes is 1.5 MB)."""
     from workbench import rundir
     from workbench.events import EventWriter
-    from workbench.spec import load_spec
+    from workbench.spec_load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "esc", load_spec("demo", {"faults": []}).to_dict())
     w = EventWriter(run_dir, "replica-1.attempt-1", run="esc", replica=1, attempt=1)
@@ -373,7 +373,7 @@ def test_a_diverged_loss_is_marked_on_the_plot_and_the_tile(tmp_path):
     import workbench as wb
     from workbench import rundir
     from workbench.events import EventWriter
-    from workbench.spec import load_spec
+    from workbench.spec_load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "nan", load_spec("demo", {"faults": [], "replicas": 2}).to_dict())
     w = EventWriter(run_dir, "replica-0.attempt-0", run="nan", replica=0, attempt=0)

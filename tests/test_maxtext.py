@@ -22,7 +22,7 @@ import pytest
 import submitit
 
 from workbench.events import read_all
-from workbench.spec import load_spec
+from workbench.spec_load import load_spec
 from workbench.trainers import maxtext_command, maxtext_output
 from workbench.trainers.base import JobContext, job_entrypoint
 

@@ -16,7 +16,7 @@ import math
 
 from workbench import analysis
 from workbench.events import EventReader, EventWriter
-from workbench.spec import load_spec
+from workbench.spec_load import load_spec
 
 BASE = 1_000_000.0
 

@@ -13,7 +13,7 @@ import workbench as wb
 from workbench import procs, rundir
 from workbench.events import EventReader, EventWriter
 from workbench.runstate import RunState
-from workbench.spec import load_spec
+from workbench.spec_load import load_spec
 
 
 @pytest.fixture

@@ -5,7 +5,9 @@ import pytest
 
 import workbench as wb
 from workbench import schedule
-from workbench.spec import CONFIG_DIR, ChaosSpec, load_spec, preflight
+from workbench.spec import CONFIG_DIR, ChaosSpec
+from workbench.spec_load import load_spec
+from workbench.preflight import preflight
 
 
 def test_same_seed_same_fault_times_different_seed_different():

@@ -9,7 +9,8 @@
 """
 
 from .run import Run, attach, submit
-from .spec import Spec, SpecError, load_spec
+from .spec import Spec, SpecError
+from .spec_load import load_spec
 from .faults import FaultError
 from .sweep import Sweep, attach_sweep, sweep
 from .replay import replay

@@ -14,7 +14,9 @@ from typing import Optional, Sequence
 from . import faultkinds
 from .faults import FaultError
 from .run import ENDED, KILL_ALIASES, ControllerGone, attach, submit
-from .spec import SpecError, load_spec, preflight
+from .spec import SpecError
+from .spec_load import load_spec
+from .preflight import preflight
 
 
 def _print_summary(summary: dict) -> None:
@@ -153,7 +155,7 @@ def split_values(raw: str) -> list[str]:
 
 
 def cmd_sweep(args) -> int:
-    from .spec import parse_override
+    from .spec_load import parse_override
     from .sweep import sweep
 
     fixed, grid = {}, {}

@@ -22,7 +22,8 @@ from typing import Union
 
 from . import faultkinds, rundir
 from .run import Run, submit
-from .spec import SpecError, load_spec
+from .spec import SpecError
+from .spec_load import load_spec
 
 REPLAY_JSON = "replay.json"
 MANUAL_ORIGINS = ("api", "cli", "button")

@@ -28,7 +28,9 @@ import pandas as pd
 from . import analysis, cluster, faultkinds, faults, rundir, schedule
 from .events import EventReader, EventWriter, to_frame
 from .runstate import TERMINAL, RunState
-from .spec import Spec, SpecError, load_spec, preflight
+from .spec import Spec, SpecError
+from .spec_load import load_spec
+from .preflight import preflight
 from .trainers import trainer_kind
 
 KILL_ALIASES = {"sigkill": "kill"}

@@ -1,14 +1,11 @@
 """The experiment spec: what to run, validated before anything starts.
 
-A spec is a YAML file in ``configs/`` plus overrides, either ``key=value``
-strings (dotted keys reach into sections: ``lighthouse.heartbeat_timeout_ms=500``)
-or a dict. Values in ``key=value`` are parsed as YAML scalars, so ``replicas=3``
-is an int and ``relaunch=off`` a string.
-
-Validation is pydantic with ``extra="forbid"`` everywhere; every failure is
-re-raised as one :class:`SpecError` whose message names each bad field and what
-it allows. Checks that need the world (a writable run root) are in
-:func:`preflight`; none of them starts or writes anything.
+The models: pydantic with ``extra="forbid"`` everywhere, every choice read
+from its table (trainers from ``trainers.registry``, backends from
+``cluster.BACKENDS``, fault kinds from ``faultkinds``). ``spec_load`` builds a
+Spec from a YAML file plus overrides and turns every validation failure into
+one :class:`SpecError` whose message names each bad field and what it allows;
+``preflight`` holds the checks that need the world (a writable run root).
 """
 
 from __future__ import annotations
@@ -17,15 +14,14 @@ import ipaddress
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal, Mapping, Optional, Sequence, Union
+from typing import Any, Literal, Optional
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from . import faultkinds
+from .trainers.registry import trainer_kind, trainer_names
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "configs"
-from .trainers.registry import trainer_kind, trainer_names
 
 TRAINERS = trainer_names()
 
@@ -315,235 +311,3 @@ class Spec(_Section):
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")
-
-
-def _format_errors(err: ValidationError) -> str:
-    lines = []
-    for e in err.errors():
-        field = ".".join(str(p) for p in e["loc"]) or "spec"
-        msg = e["msg"]
-        if e["type"] == "extra_forbidden":
-            msg = "unknown key"
-            parent = _model_at(e["loc"][:-1])
-            if parent is not None:
-                msg += f"; allowed: {', '.join(sorted(parent.model_fields))}"
-        elif e["type"] == "literal_error":
-            msg = f"got {e.get('input')!r}; {msg[0].lower()}{msg[1:]}"
-        elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
-        lines.append(f"{field}: {msg}")
-    return "invalid spec: " + "; ".join(lines)
-
-
-def _model_at(loc: Sequence[Any]) -> type[BaseModel] | None:
-    model: Any = Spec
-    for part in loc:
-        if isinstance(part, int):
-            continue
-        field = getattr(model, "model_fields", {}).get(part)
-        if field is None:
-            return None
-        ann = field.annotation
-        args = getattr(ann, "__args__", ())
-        candidates = [ann, *args]
-        model = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
-        if model is None:
-            return None
-    return model
-
-
-def parse_override(item: str) -> tuple[str, Any]:
-    if "=" not in item:
-        raise SpecError(f"override {item!r}: expected key=value")
-    key, _, raw = item.partition("=")
-    key = key.strip()
-    if not key:
-        raise SpecError(f"override {item!r}: empty key")
-    value = safe_yaml(raw, f"{key}") if raw.strip() else ""
-    return key, value
-
-
-def _set_dotted(d: dict, key: str, value: Any) -> None:
-    parts = key.split(".")
-    cur = d
-    for p in parts[:-1]:
-        nxt = cur.get(p)
-        if nxt is None:
-            nxt = cur[p] = {}
-        if not isinstance(nxt, dict):
-            raise SpecError(f"{key}: {p} is not a section")
-        cur = nxt
-    cur[parts[-1]] = value
-
-
-def resolve_config_path(config: str | os.PathLike) -> Path:
-    p = Path(config)
-    if p.exists():
-        return p
-    for cand in (CONFIG_DIR / p, CONFIG_DIR / f"{p}.yaml"):
-        if cand.exists():
-            return cand
-    names = sorted(x.stem for x in CONFIG_DIR.glob("*.yaml"))
-    raise SpecError(f"config: {str(config)!r} not found; shipped configs: {', '.join(names)}")
-
-
-MAX_YAML_ALIASES = 50
-MAX_DEPTH = 20
-MAX_CONFIG_BYTES = 1_000_000
-
-
-def safe_yaml(text: str, where: str):
-    """``yaml.safe_load`` (no object construction), with aliases capped.
-
-    Safe loading refuses tags that build Python objects; the cap stops an
-    alias bomb (a few lines that expand exponentially when the spec is
-    serialised into ``run.json``).
-    """
-    if len(text) > MAX_CONFIG_BYTES:
-        raise SpecError(f"{where}: {len(text)} bytes; a config is at most {MAX_CONFIG_BYTES}")
-    try:
-        aliases = sum(isinstance(tok, yaml.AliasToken) for tok in yaml.scan(text))
-        if aliases > MAX_YAML_ALIASES:
-            raise SpecError(f"{where}: {aliases} YAML aliases; at most {MAX_YAML_ALIASES} are allowed")
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise SpecError(f"{where}: not valid YAML for safe loading ({e})") from None
-    except RecursionError:
-        raise SpecError(f"{where}: nested too deeply; a spec is at most {MAX_DEPTH} levels deep") from None
-    if _depth(data) > MAX_DEPTH:
-        raise SpecError(f"{where}: nested too deeply; a spec is at most {MAX_DEPTH} levels deep")
-    return data
-
-
-def _depth(x, level: int = 0) -> int:
-    if level > MAX_DEPTH:
-        return level
-    if isinstance(x, dict):
-        return max((_depth(v, level + 1) for v in x.values()), default=level + 1)
-    if isinstance(x, list):
-        return max((_depth(v, level + 1) for v in x), default=level + 1)
-    return level
-
-
-def load_yaml(path: Path) -> dict:
-    try:
-        text = path.read_text()
-    except (OSError, UnicodeDecodeError) as e:
-        raise SpecError(f"config {path}: cannot read ({e})") from None
-    data = safe_yaml(text, f"config {path}")
-    if data is None:
-        return {}
-    if not isinstance(data, dict):
-        raise SpecError(f"config {path}: top level must be a mapping, got {type(data).__name__}")
-    return data
-
-
-def load_spec(
-    config: Union[str, os.PathLike, Mapping[str, Any], Spec, None] = None,
-    overrides: Union[Sequence[str], Mapping[str, Any], None] = None,
-    **kwargs: Any,
-) -> Spec:
-    """Build a validated :class:`Spec` from a config name/path/dict plus overrides.
-
-    ``load_spec("demo", ["replicas=2"])``, ``load_spec("demo", {"model.dim": 32})``
-    and ``load_spec(steps=50)`` all work; a dotted key reaches into a section.
-    """
-    if isinstance(config, Spec):
-        data = config.to_dict()
-    elif isinstance(config, Mapping):
-        data = dict(config)
-    elif config is None:
-        data = {}
-    else:
-        data = load_yaml(resolve_config_path(config))
-    items: list[tuple[str, Any]] = []
-    if isinstance(overrides, Mapping):
-        items.extend(overrides.items())
-    elif overrides:
-        if isinstance(overrides, str):
-            overrides = [overrides]
-        items.extend(parse_override(o) for o in overrides)
-    items.extend(kwargs.items())
-    for key, value in items:
-        _set_dotted(data, key, value)
-    if _depth(data) > MAX_DEPTH:
-        raise SpecError(f"spec: nested too deeply; a spec is at most {MAX_DEPTH} levels deep")
-    try:
-        return Spec.model_validate(data)
-    except ValidationError as e:
-        raise SpecError(_format_errors(e)) from None
-
-
-def _port_busy(host: str, port: int) -> bool:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        try:
-            sock.bind((host, port))
-        except OSError:
-            return True
-    return False
-
-
-def preflight(spec: Spec) -> list[str]:
-    """World-facing and cross-field checks before submit.
-
-    Raises :class:`SpecError` for what cannot work; returns warnings for what
-    works badly. Each message names the values and says why. Nothing is
-    created: the run root's writability is judged on its nearest existing
-    ancestor.
-    """
-    root = Path(spec.run_root).expanduser().resolve()
-    probe = root
-    while not probe.exists():
-        if probe.parent == probe:
-            break
-        probe = probe.parent
-    if not probe.is_dir() or not os.access(probe, os.W_OK | os.X_OK):
-        raise SpecError(f"run_root: {str(root)!r} is not writable (checked {str(probe)!r})")
-    lh, tf = spec.lighthouse, spec.torchft
-    if lh.port is not None and _port_busy(lh.bind_host, lh.port):
-        raise SpecError(f"lighthouse.port: {lh.bind_host}:{lh.port} is already in use; pick another or leave it unset")
-    if lh.join_timeout_ms >= tf.quorum_timeout_s * 1000:
-        raise SpecError(
-            f"lighthouse.join_timeout_ms ({lh.join_timeout_ms}) must be below torchft.quorum_timeout_s "
-            f"({tf.quorum_timeout_s} s): replicas would time out their quorum while the lighthouse still waits for stragglers"
-        )
-    warnings: list[str] = []
-    hb = lh.heartbeat_timeout_ms
-    if spec.pg_timeout_ms < hb:
-        warnings.append(
-            f"torchft.pg_timeout_ms ({spec.pg_timeout_ms}) < lighthouse.heartbeat_timeout_ms ({hb}): "
-            "a slow step fails its collective and is discarded, yet the next quorum still waits "
-            "for the heartbeat timeout"
-        )
-    if tf.quorum_timeout_s * 1000 <= hb:
-        warnings.append(
-            f"torchft.quorum_timeout_s ({tf.quorum_timeout_s}) must exceed lighthouse.heartbeat_timeout_ms "
-            f"({hb} ms), or a quorum times out before a dead replica is dropped"
-        )
-    if lh.join_timeout_ms < 2 * lh.quorum_tick_ms:
-        warnings.append(
-            f"lighthouse.join_timeout_ms ({lh.join_timeout_ms}) < 2 × quorum_tick_ms ({lh.quorum_tick_ms}): "
-            "a group that is already heartbeating (a replacement about to ask to join) is left out of the "
-            "next quorum and splits off into a later one"
-        )
-    if trainer_kind(spec.trainer).elastic and spec.relaunch == "auto" and spec.replicas == 1:
-        warnings.append("replicas is 1: a relaunched group has no live peer to heal from and restarts from scratch")
-    for i, f in enumerate(spec.faults):
-        if f.at_step is not None and f.at_step >= spec.steps:
-            warnings.append(f"faults[{i}].at_step ({f.at_step}) >= steps ({spec.steps}): it never fires")
-    key = trainer_kind(spec.trainer).checkpoint_period
-    section, _, name = (key or "").partition(".")
-    period = getattr(spec, section).get(name) if key else None
-    if isinstance(period, int) and period > spec.steps:
-        warnings.append(
-            f"checkpoint period ({period}) is longer than the run (steps={spec.steps}): no checkpoint is "
-            "ever written, so a restart starts from step 0"
-        )
-    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < spec.pg_timeout_ms:
-        warnings.append(
-            f"hang.timeout_s ({spec.hang.timeout_s}) is shorter than the process-group timeout "
-            f"({spec.pg_timeout_ms} ms): survivors waiting out a dead peer would be reported as hung"
-        )
-    return warnings

@@ -55,7 +55,9 @@ from .cluster import validate as cluster_validate
 from .events import EventReader, EventWriter
 from .procs import alive as _alive
 from .run import TERMINAL, Run, attach, submit
-from .spec import Spec, SpecError, load_spec, preflight
+from .spec import Spec, SpecError
+from .spec_load import load_spec
+from .preflight import preflight
 
 SWEEP_JSON = "sweep.json"
 SWEEPS_DIR = "sweeps"
