@@ -14,6 +14,7 @@ is one row here and nothing else.
 | kind | target | what happens | undone by |
 |---|---|---|---|
 | ``kill`` | replica | SIGKILL: dies mid-step, as on a hardware fault | relaunch (new attempt) |
+| ``abort`` | replica | SIGABRT: what a failed CUDA device assertion does to a rank | relaunch |
 | ``preempt`` | replica | the backend's preemption signal: ends its step, exits preempted | relaunch |
 | ``hang`` | replica | SIGSTOP for ``seconds``, then SIGCONT (a detached helper resumes it) | ``resume`` |
 | ``node_down`` | replica | its node is set DOWN (Slurm): every job on it fails | node RESUME |
@@ -67,6 +68,8 @@ class FaultKind:
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("kill", "replica", True, False, False, "SIGKILL: dies mid-step, as on a hardware fault",
               signal=_signal.SIGKILL, state_after="dead"),
+    FaultKind("abort", "replica", True, False, False, "SIGABRT: what a failed CUDA device assertion does",
+              signal=_signal.SIGABRT, state_after="dead"),
     FaultKind("hang", "replica", False, True, True, "SIGSTOP for `seconds`, then SIGCONT",
               default_seconds=5.0, state_after="hung"),
     FaultKind("preempt", "replica", True, False, False, "preemption signal: the trainer ends its step and exits",
