@@ -13,7 +13,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import time
 import warnings
 from pathlib import Path
@@ -21,7 +20,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from . import analysis, cluster, faults, rundir, schedule
+from . import analysis, cluster, detached, faults, rundir, schedule
 from .events import EventReader, EventWriter, to_frame
 from .spec import Spec, SpecError, load_spec, preflight
 
@@ -186,15 +185,7 @@ def submit(
     spec = schedule.materialize(spec)
     run_id = rundir.new_run_id(spec.name)
     run_dir = rundir.create(spec.run_root, run_id, spec.to_dict(), extra={"chaos": chaos})
-    log = os.fdopen(os.open(run_dir / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workbench.controller", str(run_dir)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
-    )
-    log.close()
+    proc = detached.spawn("workbench.controller", [str(run_dir)], run_dir / "controller.log")
     return Run(run_dir, _controller=proc)
 
 
