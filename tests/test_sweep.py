@@ -8,10 +8,13 @@ test starts is stopped by PID in the fixtures' finalizers, also on failure.
 
 from __future__ import annotations
 
+import base64
 import json
+import threading
 from pathlib import Path
 
 import nbformat
+import numpy as np
 import pytest
 from nbclient import NotebookClient
 
@@ -19,7 +22,8 @@ import workbench as wb
 from workbench import compare
 from workbench.replay import replay_spec
 from workbench.sweep import SWEEPS_DIR, expand_points, list_sweeps
-from workbench.widgets.comparison import ComparisonWidget
+from workbench.widgets.comparison import ComparisonWidget, active_comparisons
+from workbench.widgets.plot import PLOTLY_MIME
 
 from .conftest import kill_pids, workbench_cli
 
@@ -160,10 +164,24 @@ def test_comparison_view_of_the_sweep(finished_sweep):
     assert len(view.figure.data[0].x) == 30 and len(set(t.line.color for t in view.figure.data)) == 3
     assert view.table_panel.value.count("<tr data-state='failed'>") == 1
     assert not view.running and view.ended()
+    shown = view.plot_output.outputs[0]["data"][PLOTLY_MIME]["data"]  # what the browser is sent
+    assert [t["name"] for t in shown] == [t.name for t in view.figure.data]
+    x = shown[0]["x"]  # plotly's typed-array encoding
+    assert list(np.frombuffer(base64.b64decode(x["bdata"]), dtype=x["dtype"])) == list(view.figure.data[0].x)
     figs = compare.sweep_report_figures(sw)
     assert len(figs) == 3  # loss, figures by model.lr, parallel coordinates (3 swept keys)
     assert sum(1 for t in figs[0].data if t.mode == "lines") == 3
     assert any(t.mode == "markers" for t in figs[0].data)  # the scheduled kill, on the curve
+
+
+def test_live_comparison_of_an_ended_sweep_draws_it_and_stops_polling(finished_sweep):
+    sw, _ = finished_sweep
+    view = ComparisonWidget(sw)
+    for thread in [t for t in threading.enumerate() if t.name == "wb-comparison"]:
+        thread.join(timeout=60)
+    assert not view.running and active_comparisons() == {}
+    assert "not polling" in view.header.value
+    assert len(view.plot_output.outputs[0]["data"][PLOTLY_MIME]["data"]) == 3
 
 
 def test_replay_repeats_the_spec_and_the_faults(finished_sweep, tracked):

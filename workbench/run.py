@@ -14,9 +14,7 @@ only to a process whose recorded identity still matches.
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
-import sys
 import threading
 import time
 import warnings
@@ -25,7 +23,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from . import analysis, cluster, faultkinds, faults, rundir, schedule
+from . import analysis, cluster, detached, faultkinds, faults, rundir, schedule
 from .events import EventReader, EventWriter, to_frame
 from .runstate import TERMINAL, RunState
 from .spec import Spec, SpecError
@@ -192,12 +190,9 @@ class Run:
         if self.run_state.state in TERMINAL:
             return self.status()
         ctl = self.run_state.controller
-        if ctl is not None and ctl.signal(signal.SIGTERM):
-            try:
-                self.wait_for(lambda r: r.state() in TERMINAL and not r.pids(), timeout)
+        if ctl is not None and ctl.alive():
+            if detached.stop(ctl, lambda: self.state() in TERMINAL and not self.pids(), timeout):
                 return self.status()
-            except TimeoutError:
-                ctl.signal(signal.SIGKILL)
         skipped = self.cluster.stop_all(self.run_state)
         EventWriter(self.run_dir, f"control-{os.getpid()}", run=self.id).emit(
             "run_end", state="stopped", reason="controller unreachable; processes killed",
@@ -238,15 +233,7 @@ def submit(
     spec = schedule.materialize(spec)
     run_id = rundir.new_run_id(spec.name)
     run_dir = rundir.create(spec.run_root, run_id, spec.to_dict(), extra={"chaos": chaos})
-    log = os.fdopen(os.open(run_dir / "controller.log", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), "ab")
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "workbench.controller", str(run_dir)],
-        stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
-    )
-    log.close()
+    proc = detached.spawn("workbench.controller", [str(run_dir)], run_dir / "controller.log")
     return Run(run_dir, _controller=proc)
 
 

@@ -7,6 +7,8 @@ submitit ``Job``. On top of submitting, a backend owns what only it knows:
 - ``submit`` / ``is_done`` / ``cancel``: one job per replica group attempt;
 - ``lighthouse_host``: where the lighthouse binds and the jobs dial;
 - ``loopback_only``: whether every listener of a run must be on 127.0.0.1;
+- ``shares_this_machine``: whether runs compete for this machine (a sweep
+  then runs one at a time by default);
 - ``inject(kind, view, ...)``: a fault of the table (``workbench.faultkinds``)
   on a replica group, the way submitit's Slurm job owns its ``scancel
   --signal``; ``undo`` finishes a timed fault from the detached helper;
@@ -38,6 +40,7 @@ class FaultError(ValueError):
 class Cluster(abc.ABC):
     name: ClassVar[str] = "base"
     loopback_only: ClassVar[bool] = False
+    shares_this_machine: ClassVar[bool] = False  # jobs compete with each other for this machine's cores
     preempt_signal: ClassVar[int] = signal.SIGTERM
 
     def __init__(self, spec, run_dir: Path) -> None:

@@ -27,6 +27,7 @@ from .base import Cluster, FaultError
 class LocalCluster(Cluster):
     name = "local"
     loopback_only = True
+    shares_this_machine = True
 
     def _make_executor(self) -> submitit.LocalExecutor:
         ex = submitit.LocalExecutor(folder=self.folder)

@@ -6,20 +6,21 @@ and ``Sweep.status()``, so tests check the same numbers without a browser by
 calling :meth:`ComparisonWidget.update` and reading :attr:`table` and the
 figure's traces.
 
-Like the run dashboard, a background thread refreshes it (every ``interval``
-seconds, 2 s by default: each refresh reads every run's new events and
-recomputes its figures), one updater per sweep per kernel (a new widget on
-the same sweep, say a re-run cell, stops the previous one), and the thread
-ends by itself after drawing the state in which every run has ended.
+Like the run dashboard, a background thread (:class:`~workbench.widgets.updater.Updater`)
+refreshes it (every ``interval`` seconds, 2 s by default: each refresh reads
+every run's new events and recomputes its figures), one updater per sweep per
+kernel (a new widget on the same sweep, say a re-run cell, stops the previous
+one), and the thread ends by itself after drawing the state in which every run
+has ended. The loss curves are a plain ``go.Figure`` shown through an
+``ipywidgets.Output``, redrawn whole when a curve changed (see
+:mod:`workbench.widgets.plot` for why not a ``FigureWidget``).
 """
 
 from __future__ import annotations
 
-import copy
 import html
 import threading
 import time
-import weakref
 from typing import Any, Optional, Sequence
 
 import ipywidgets as w
@@ -27,10 +28,10 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from .. import compare
-from ..run import TERMINAL, Run
+from ..run import ENDED, Run
+from .plot import plot_bundle
+from .updater import Updater, active
 
-_ACTIVE: dict[str, "weakref.ref[ComparisonWidget]"] = {}
-_ACTIVE_LOCK = threading.Lock()
 SHOWN = ("point", "label", "state", "steps", "final_loss", "steps_per_s", "goodput", "survivor_stall_s",
          "kill_to_rejoin_s", "faults_injected", "restarts")
 
@@ -59,20 +60,21 @@ class ComparisonWidget(w.VBox):
         self.table: pd.DataFrame = pd.DataFrame()
         self.last_update_s: Optional[float] = None
         self._lock = threading.RLock()
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._updater = Updater("comparison", self.key, self.update, self.ended, self.interval, name="wb-comparison",
+                                owner=self, on_error=self._show_update_error,
+                                on_exit=self._draw_header)
         self._trace_of: dict[str, int] = {}
         self._drawn: dict[str, tuple] = {}
 
         self.header = w.HTML().add_class("wb-compare-header")
-        self.figure = go.FigureWidget(layout=dict(
+        self.figure = go.Figure(layout=dict(
             height=360, margin=dict(l=50, r=10, t=30, b=40), title=dict(text="loss", x=0.01, font=dict(size=13)),
             xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="loss")), uirevision="keep",
             legend=dict(title=dict(text=self.color_by or "")),
         ))
-        self.figure.add_class("wb-compare-loss")
+        self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="380px")).add_class("wb-compare-loss")
         self.table_panel = w.HTML().add_class("wb-compare-table")
-        super().__init__([self.header, self.figure, self.table_panel], **kwargs)
+        super().__init__([self.header, self.plot_output, self.table_panel], **kwargs)
         self.update()
         if start:
             self.start()
@@ -96,7 +98,7 @@ class ComparisonWidget(w.VBox):
             from ..sweep import SWEEP_TERMINAL
 
             return self.sweep.state() in SWEEP_TERMINAL
-        return all(r.state() in TERMINAL for r in self._runs)
+        return all(r.state() in ENDED for r in self._runs)
 
     # -- updating ------------------------------------------------------------------
     def update(self) -> pd.DataFrame:
@@ -110,7 +112,7 @@ class ComparisonWidget(w.VBox):
                 table = compare.table([r for _, r, _ in entries], labels=[lab for lab, _, _ in entries])
             self.table = table
             self._draw_curves(entries)
-            self.header.value = self._header_html()
+            self._draw_header()
             self.table_panel.value = self._table_html()
             self.last_update_s = time.perf_counter() - t0
             return table
@@ -118,20 +120,22 @@ class ComparisonWidget(w.VBox):
     def _draw_curves(self, entries: list[tuple[str, Run, Any]]) -> None:
         colors = compare.colors_for([v for _, _, v in entries]) if entries else []
         fig = self.figure
-        with fig.batch_update():
-            for (label, run, _), color in zip(entries, colors):
-                if self._drawn.get(label) == (len(run._events), color):
-                    continue
-                self._drawn[label] = (len(run._events), color)
-                curve = compare.committed_losses(run._events)
-                if label not in self._trace_of:
-                    fig.add_scatter(x=[], y=[], mode="lines", name=label, line=dict(width=1.6),
-                                    hovertemplate=f"{html.escape(label)}<br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>")
-                    self._trace_of[label] = len(fig.data) - 1
-                trace = fig.data[self._trace_of[label]]
-                trace.x, trace.y = curve["step"].to_numpy(), curve["loss"].to_numpy()
-                trace.line.color = color
-        _keep_state_current(fig)
+        changed = not self.plot_output.outputs
+        for (label, run, _), color in zip(entries, colors):
+            if self._drawn.get(label) == (len(run._events), color):
+                continue
+            self._drawn[label] = (len(run._events), color)
+            changed = True
+            curve = compare.committed_losses(run._events)
+            if label not in self._trace_of:
+                fig.add_scatter(x=[], y=[], mode="lines", name=label, line=dict(width=1.6),
+                                hovertemplate=f"{html.escape(label)}<br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>")
+                self._trace_of[label] = len(fig.data) - 1
+            trace = fig.data[self._trace_of[label]]
+            trace.x, trace.y = curve["step"].to_numpy(), curve["loss"].to_numpy()
+            trace.line.color = color
+        if changed:
+            self.plot_output.outputs = plot_bundle(fig, alt="loss curves")
 
     def _header_html(self) -> str:
         if self.sweep is not None:
@@ -165,55 +169,24 @@ class ComparisonWidget(w.VBox):
     # -- the updater thread --------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+        return self._updater.running
 
     def start(self) -> "ComparisonWidget":
         """Start the updater thread, stopping any other comparison widget's on the same sweep."""
-        with _ACTIVE_LOCK:
-            old = _ACTIVE.get(self.key)
-            _ACTIVE[self.key] = weakref.ref(self)
-        old = old() if old is not None else None
-        if old is not None and old is not self:
-            old.stop()
-        if not self.running:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name="wb-comparison", daemon=True)
-            self._thread.start()
+        self._updater.start()
         return self
 
     def stop(self, timeout: float = 10.0) -> None:
-        self._stop.set()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        with _ACTIVE_LOCK:
-            if _ACTIVE.get(self.key, lambda: None)() is self:
-                del _ACTIVE[self.key]
+        self._updater.stop(timeout)
+        self._draw_header()
+
+    def _draw_header(self) -> None:
         self.header.value = self._header_html()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            ended = self.ended()
-            try:
-                self.update()
-            except Exception as e:  # keep polling: a bad refresh must not end the live view
-                self.header.value = f"<span style='color:#c62828'>update failed: {html.escape(repr(e))}</span>"
-            if ended:
-                break
-            self._stop.wait(self.interval)
-        self._stop.set()
-        self.header.value = self._header_html()
-
-
-def _keep_state_current(fig: go.FigureWidget) -> None:
-    """Store the figure's current data in its synced traits without sending them, so a frontend that
-    attaches later (a browser reload) starts from the current curves (see ``dashboard.py``)."""
-    fig._trait_values["_widget_data"] = copy.deepcopy(fig._data)
-    fig._trait_values["_widget_layout"] = copy.deepcopy(fig._layout)
+    def _show_update_error(self, e: Exception) -> None:
+        self.header.value = f"<span style='color:#c62828'>update failed: {html.escape(repr(e))}</span>"
 
 
 def active_comparisons() -> dict[str, ComparisonWidget]:
     """This kernel's comparison widgets whose updater is running, by sweep directory (or run list)."""
-    with _ACTIVE_LOCK:
-        out = {k: r() for k, r in _ACTIVE.items()}
-    return {k: c for k, c in out.items() if c is not None and c.running}
+    return active("comparison")

@@ -7,44 +7,34 @@ is shown; this module renders it and turns the fault controls into
 A dashboard reads no event log of its own: it shares its ``Run``'s reader
 and run-state fold, and subscribes to the fold for the presentation part
 (loss series, markers), so a kernel reads every byte once. Updates come from
-a background thread that refreshes the run (new bytes only, at most every
-``interval`` seconds, 0.5 s by default); a refresh from a notebook cell
-(``run.metrics()``) reaches the dashboard too. A thread,
-not an asyncio task: comm messages sent from a thread reach the browser while
-another cell is busy, whereas a task on the kernel's loop waits for the cell to
-finish. One updater per run directory per kernel: a new Dashboard on the same
-run (re-running the cell) stops the previous one. The thread ends by itself
-once the run has ended and the last events are drawn.
+a background thread (:class:`~workbench.widgets.updater.Updater`) that
+refreshes the run (new bytes only, at most every ``interval`` seconds, 0.5 s
+by default); a refresh from a notebook cell (``run.metrics()``) reaches the
+dashboard too. One updater per run directory per kernel: a new Dashboard on
+the same run (re-running the cell) stops the previous one. The thread ends by
+itself once the run has ended and the last events are drawn.
 
 The loss plot is a plain ``go.Figure`` rendered through an ``ipywidgets.Output``
-whose ``outputs`` trait is set to the figure's plotly mime bundle on every
-change. Measured here (plotly 7.1, anywidget 0.11, JupyterLab 4.6), a
-``FigureWidget`` updated from Python is unreliable: messages that arrive while
-its 4 MB ES module loads are dropped (plots came up empty and stayed empty,
-even with updates re-sent every 2 s), and a view that attaches later (a reload
-with the kernel alive, Voila) is sent the data the figure had when it was
-built. An Output's ``outputs`` is ordinary synced widget state: every view,
-including one created after a reload, renders the current figure. The cost is
-a full redraw per change of a decimated figure (at most ``max_points`` per
-curve), which is what bounds an update with 100k points.
+(:mod:`workbench.widgets.plot` says why not a ``FigureWidget``). Each change is
+a full redraw of a decimated figure (at most ``max_points`` per curve), which
+is what bounds an update with 100k points.
 """
 
 from __future__ import annotations
 
 import html
-import json
 import threading
 import time
-import weakref
 from pathlib import Path
 from typing import Any, Optional
 
 import ipywidgets as w
 import plotly.graph_objects as go
-import plotly.io as pio
 
 from .. import faultkinds
+from .plot import plot_bundle
 from .state import STATES, DashboardState
+from .updater import Updater, active
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 STATE_COLORS = {
@@ -67,15 +57,10 @@ _STYLE = """<style>
 .wb-tail{font:11px/1.3 monospace;margin:0;white-space:pre-wrap}
 </style>"""
 
-_ACTIVE: dict[str, "weakref.ref[Dashboard]"] = {}
-_ACTIVE_LOCK = threading.Lock()
-
 
 def active_dashboards() -> dict[str, "Dashboard"]:
     """The dashboards of this kernel whose updater is running, by run directory."""
-    with _ACTIVE_LOCK:
-        out = {k: r() for k, r in _ACTIVE.items()}
-    return {k: d for k, d in out.items() if d is not None and d.running}
+    return active("dashboard")
 
 
 def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
@@ -98,17 +83,6 @@ def _bytes(n: Optional[float]) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1000
     return "–"
-
-
-PLOTLY_MIME = "application/vnd.plotly.v1+json"
-
-
-def plot_bundle(fig: go.Figure) -> tuple[dict, ...]:
-    """The Output ``outputs`` that show ``fig`` (plotly's JupyterLab mime renderer draws it)."""
-    spec = json.loads(pio.to_json(fig, validate=False))
-    spec["config"] = {"displaylogo": False, "responsive": True}
-    return ({"output_type": "display_data", "metadata": {},
-             "data": {PLOTLY_MIME: spec, "text/plain": "loss plot (needs plotly's JupyterLab extension)"}},)
 
 
 class Dashboard(w.VBox):
@@ -139,8 +113,9 @@ class Dashboard(w.VBox):
         self._unsubscribe = run.run_state.subscribe(self._present)
         self.state.present(list(run._events))  # what the run had read before this dashboard existed
         self.last_update_s: Optional[float] = None
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
+        self._updater = Updater("dashboard", str(self.run_dir), self.update, lambda: self.state.run_state is not None,
+                                self.interval, name=f"wb-dashboard-{self.run_dir.name}", owner=self,
+                                on_error=self._show_update_error, on_exit=lambda: self.render(force_plot=True))
         self._drawn: dict[str, Any] = {}
 
         self._build()
@@ -386,48 +361,21 @@ class Dashboard(w.VBox):
     # -- the updater thread --------------------------------------------------------
     @property
     def running(self) -> bool:
-        return self._thread is not None and self._thread.is_alive() and not self._stop.is_set()
+        return self._updater.running
 
     def start(self) -> "Dashboard":
         """Start the updater thread, stopping any other dashboard's on the same run."""
-        key = str(self.run_dir)
-        with _ACTIVE_LOCK:
-            old = _ACTIVE.get(key)
-            _ACTIVE[key] = weakref.ref(self)
-        old = old() if old is not None else None
-        if old is not None and old is not self:
-            old.stop()
-        if not self.running:
-            self._stop.clear()
-            self._thread = threading.Thread(target=self._loop, name=f"wb-dashboard-{self.run_dir.name}", daemon=True)
-            self._thread.start()
+        self._updater.start()
         return self
 
     def stop(self, timeout: float = 5.0) -> None:
         """Stop the updater thread and the subscription to the run (the widgets keep what they show)."""
-        self._stop.set()
+        self._updater.stop(timeout)
         self._unsubscribe()
-        thread = self._thread
-        if thread is not None and thread is not threading.current_thread():
-            thread.join(timeout)
-        with _ACTIVE_LOCK:
-            if _ACTIVE.get(str(self.run_dir), lambda: None)() is self:
-                del _ACTIVE[str(self.run_dir)]
         self.render()
 
-    def _loop(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.update()
-            except Exception as e:  # keep polling: a bad frame must not end the live view
-                self.fault_status.value = f"<span style='color:#c62828'>dashboard update failed: {html.escape(repr(e))}</span>"
-            if self.state.run_state is not None:
-                if not self._stop.wait(self.interval):
-                    self.update()  # the exits that land just after run_end
-                break
-            self._stop.wait(self.interval)
-        self._stop.set()
-        self.render(force_plot=True)
+    def _show_update_error(self, e: Exception) -> None:
+        self.fault_status.value = f"<span style='color:#c62828'>dashboard update failed: {html.escape(repr(e))}</span>"
 
 
 __all__ = ["Dashboard", "STATES", "active_dashboards"]
