@@ -7,6 +7,7 @@ import os
 import signal
 import time
 
+import pandas as pd
 import pytest
 
 import workbench as wb
@@ -70,3 +71,21 @@ def test_a_lone_group_that_is_slow_but_alive_is_not_a_hang_and_a_stopped_one_is(
     last_sign = max(e["t"] for e in run._events if e.get("replica") == 0 and e["t"] <= fault["t"])
     assert hang["t"] - last_sign >= 1.0 and hang["t"] - fault["t"] < 3.5
     run.stop()
+
+
+def test_a_diverged_run_reports_nan_and_where_it_diverged(tmp_path):
+    """A diverged point of a comparison must not report a finite final loss from its earlier steps."""
+    from workbench import compare, rundir
+    from workbench.events import EventWriter
+    from workbench.spec_load import load_spec
+
+    dirs = []
+    for name, losses in (("fine", [3.0, 2.0, 1.5, 1.2]), ("diverged", [3.0, 2.0, float("nan"), float("nan")])):
+        run_dir = rundir.create(tmp_path / "runs", name, load_spec("demo", {"faults": [], "replicas": 1, "min_replicas": 1}).to_dict())
+        w = EventWriter(run_dir, "replica-0.attempt-0", run=name, replica=0, attempt=0)
+        for step, loss in enumerate(losses, start=1):
+            w.emit("step", step=step, loss=loss, committed=True, participating=True)
+        dirs.append(run_dir)
+    df = compare.table(dirs, labels=["fine", "diverged"]).set_index("label")
+    assert df.loc["fine", "final_loss"] == 1.2 and pd.isna(df.loc["fine", "diverged_at"])
+    assert pd.isna(df.loc["diverged", "final_loss"]) and df.loc["diverged", "diverged_at"] == 3

@@ -9,7 +9,10 @@ Figures in the table, per run:
 
 - ``final_loss``: the mean loss of committed, participating steps in the last
   5% of the run's committed steps (at least the last step), over every replica
-  group, so one noisy batch does not decide a comparison.
+  group, so one noisy batch does not decide a comparison; NaN when the run
+  diverged (a NaN is never averaged away into a finite number).
+- ``diverged_at``: the first committed step whose loss was NaN or infinite
+  (empty for a run that did not diverge).
 - ``steps_per_s``: committed steps per second of wall time, first to last
   committed step (faults included: it is the rate the run achieved).
 - ``goodput``: ``analysis.goodput`` (useful work against the run's own
@@ -36,7 +39,7 @@ from . import analysis
 from .run import Run, attach
 
 RunLike = Union[Run, str, os.PathLike]
-METRICS = ("final_loss", "steps_per_s", "goodput", "survivor_stall_s", "kill_to_rejoin_s")
+METRICS = ("final_loss", "diverged_at", "steps_per_s", "goodput", "survivor_stall_s", "kill_to_rejoin_s")
 SUMMARY_KEYS = ("steps_completed", "faults", "restarts", "heals", "survivor_steps_lost", "survivor_stall_s",
                 "kill_to_rejoin_s")
 SUMMARY_COLUMNS = {"faults": "faults_injected", "steps_completed": "steps"}
@@ -56,6 +59,14 @@ def committed_losses(events: list[dict]) -> pd.DataFrame:
     if df.empty:
         return pd.DataFrame(columns=["step", "t", "loss"])
     return df.groupby("step", as_index=False).agg(t=("t", "min"), loss=("loss", "mean"))
+
+
+def diverged_at(events: list[dict]) -> Optional[int]:
+    """The first committed, participating step whose loss was written as NaN or infinite."""
+    bad = [e.get("step") for e in events if e.get("kind") == "step" and e.get("committed")
+           and e.get("participating", True) is not False and isinstance(e.get("loss"), float)
+           and not np.isfinite(e["loss"])]
+    return min((s for s in bad if isinstance(s, int)), default=None)
 
 
 def final_loss(curve: pd.DataFrame) -> Optional[float]:
@@ -90,9 +101,11 @@ def run_figures(run: Run) -> dict:
     curve = committed_losses(events)
     timeline = analysis.recovery_timeline(events)
     summary = analysis.summary(events, run.spec, timeline)
+    diverged = diverged_at(events)
     row: dict[str, Any] = {
         "run_id": run.id, "state": summary["state"],
-        "final_loss": final_loss(curve), "steps_per_s": steps_per_s(curve),
+        "final_loss": float("nan") if diverged is not None else final_loss(curve), "diverged_at": diverged,
+        "steps_per_s": steps_per_s(curve),
     }
     if hasattr(analysis, "goodput"):
         try:

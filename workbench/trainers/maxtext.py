@@ -82,6 +82,11 @@ class _Silent:
         pass
 
 
+def _loss(x: Any) -> Optional[float]:
+    """A loss as MaxText wrote it: NaN stays NaN (a divergence must show), a missing one is None."""
+    return float(x) if isinstance(x, (int, float)) and not isinstance(x, bool) else None
+
+
 def _finite(x: Any) -> Optional[float]:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
@@ -127,7 +132,7 @@ def run(ctx: JobContext) -> None:
             step = int(row["step"]) + 1
             tokens = _finite(row.get("perf/per_device_tokens_per_sec"))
             writer.emit(
-                "step", step=step, loss=_finite(row.get("learning/loss")),
+                "step", step=step, loss=_loss(row.get("learning/loss")),
                 step_time_s=_finite(row.get("perf/step_time_seconds")),
                 tokens_per_s=tokens * console.devices if tokens is not None else None,
                 committed=True, participating=True, participants=1,

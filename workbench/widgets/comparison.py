@@ -32,7 +32,7 @@ from ..run import ENDED, Run
 from .plot import plot_bundle
 from .updater import Updater, active
 
-SHOWN = ("point", "label", "state", "steps", "final_loss", "steps_per_s", "goodput", "survivor_stall_s",
+SHOWN = ("point", "label", "state", "steps", "final_loss", "diverged_at", "steps_per_s", "goodput", "survivor_stall_s",
          "kill_to_rejoin_s", "faults_injected", "restarts")
 
 
