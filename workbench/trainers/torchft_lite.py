@@ -1,7 +1,8 @@
 """torchft-lite: the smallest honest torchft training loop.
 
-One replica group = one process here (``nproc_per_replica`` ranks on a
-cluster). Each step:
+One replica group = one process, on any backend (``nproc_per_replica`` is
+``titan``'s; Slurm validation refuses more than one task for this trainer).
+Each step:
 
 1. ``optimizer.zero_grad()`` starts a quorum with the lighthouse (async: it
    overlaps the forward pass). A group that is behind is told to heal and
