@@ -16,7 +16,7 @@ Protocol inside the job:
   non-completed and the run controller relaunches it as the next attempt.
   Workers die with the launcher (``PR_SET_PDEATHSIG``).
 - Each worker writes its own event file as ``replica=<rank>``: ``start`` with
-  its pid (what ``faults.inject(run_dir, "kill", target=rank)`` signals),
+  its process identity (what ``run.kill(replica=rank)`` signals),
   ``phase`` (``imports_done``, ``restored`` with ``from_step``, ``model_ready``),
   ``step`` (every step is ``committed`` and ``participating``: plain DDP has no
   vote), ``exit``. Worker 0's ``exit reason=completed`` is what the controller
