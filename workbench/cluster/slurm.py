@@ -92,7 +92,7 @@ def resolve_conf(spec) -> Optional[str]:
         return str(Path(spec.slurm.conf).expanduser().resolve())
     if os.environ.get("SLURM_CONF"):
         return str(Path(os.environ["SLURM_CONF"]).resolve())
-    from . import devcluster
+    from .. import devcluster
 
     found = devcluster.find_slurm_conf()
     return str(found) if found else None
@@ -391,27 +391,21 @@ def inject(run_dir, action: str, target: Optional[int], origin: str, seconds: Op
                     f"Reason=workbench fault ({origin}) on replica {target}")
         _later(run_dir, conf, "resume_node", job["node"], seconds, target)
     elif action == "slurmd_kill":
-        entry = _slurmd_entry(conf, job["node"])
-        os.kill(entry["pid"], signal.SIGKILL)
+        os.kill(_slurmd_pid(conf, job["node"]), signal.SIGKILL)
         _later(run_dir, conf, "restart_slurmd", job["node"], seconds, target)
     return writer.emit("fault", action=action, target=target, attempt=job["attempt"], node=job["node"],
                        job_id=job["job_id"], pid=job["pid"], origin=origin, seconds=seconds)
 
 
-def _slurmd_entry(conf: Optional[str], node: str) -> dict:
-    """devcluster's record of ``slurmd -N node`` (alive), or FaultError: only the dev cluster's slurmd is ours."""
+def _slurmd_pid(conf: Optional[str], node: str) -> int:
+    """PID of the dev cluster's running ``slurmd -N node``, or FaultError: only the dev cluster's slurmd is ours."""
+    from .. import devcluster
     from ..faults import FaultError
-    from . import devcluster
 
-    state_dir = Path(conf).parent.parent if conf else None
-    state = devcluster._read_state(devcluster.Layout(state_dir)) if state_dir else None
-    entry = (state or {}).get("daemons", {}).get(f"slurmd-{node}")
-    if not entry:
-        raise FaultError(f"slurmd_kill: node {node}'s slurmd is not one the dev cluster started "
-                         f"(slurm.conf {conf}); on a real cluster ask its admins")
-    if not devcluster._alive(entry):
-        raise FaultError(f"slurmd_kill: node {node}'s slurmd (pid {entry['pid']}) is not running")
-    return entry
+    try:
+        return devcluster.slurmd_pid(conf, node)
+    except devcluster.DevClusterError as e:
+        raise FaultError(f"slurmd_kill: {e}") from None
 
 
 # The undo helper sleeps and runs the Slurm command before it imports anything heavy: importing
@@ -454,14 +448,8 @@ def _undone(what: str, run_dir: str, subject: str, target: int, t: float) -> Non
     elif what == "resume_node":
         fields.update(resumed="node_down", target=subject, node=subject, replica_hit=target)
     elif what == "restart_slurmd":
-        from . import devcluster
+        from .. import devcluster
 
-        layout = devcluster.Layout(Path(_conf_of(Path(run_dir))).parent.parent)
-        with devcluster._locked(layout):
-            state = devcluster._read_state(layout)
-            name = f"slurmd-{subject}"
-            entry = state["daemons"][name]
-            if not devcluster._alive(entry):
-                devcluster._record(layout, state, name, entry["argv"], devcluster._daemon_env(layout))
+        devcluster.restart_slurmd(_conf_of(Path(run_dir)), subject)
         fields.update(t=time.time(), resumed="slurmd_kill", target=subject, node=subject, replica_hit=target)
     _control_writer(Path(run_dir)).emit("fault", **fields)
