@@ -10,8 +10,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import stat
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -143,6 +145,37 @@ def test_cli_status_reports_the_running_cluster(cluster):
     result = workbench_cli("cluster", "status", "--dir", cluster["state_dir"], "--json")
     assert result.returncode == 0, result.stderr
     assert json.loads(result.stdout)["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+
+
+def test_mariadb_listens_on_no_tcp_port(cluster):
+    mariadbd = psutil.Process(cluster["pids"]["mariadbd"])
+    listening = [c.laddr for c in mariadbd.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening == []
+
+
+def test_mariadb_socket_directory_is_private(cluster):
+    socket_dir = Path(cluster["mysql_socket"]).parent
+    assert Path(cluster["mysql_socket"]).is_socket()
+    assert stat.S_IMODE(socket_dir.stat().st_mode) & 0o077 == 0, oct(socket_dir.stat().st_mode)
+
+
+def test_no_mariadb_account_logs_in_without_a_secret(cluster):
+    """Every account that can log in needs a password or is tied to an OS user (unix_socket)."""
+    result = subprocess.run(
+        ["mariadb", "--no-defaults", f"--socket={cluster['mysql_socket']}", "-uroot", "-N", "-B",
+         "-e", "SELECT user, host, priv FROM mysql.global_priv"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    accounts = [line.split("\t") for line in result.stdout.splitlines()]
+    assert accounts
+    for user, host, priv_json in accounts:
+        priv = json.loads(priv_json)
+        if priv.get("account_locked"):
+            continue
+        methods = [m or priv for m in priv.get("auth_or", [priv])]
+        for method in methods:
+            assert method.get("plugin") == "unix_socket" or method.get("authentication_string"), (user, host, priv)
 
 
 def test_slurmd_pid_and_restart_slurmd(cluster):

@@ -32,8 +32,9 @@ job start again within seconds (the 120 s default held one back ~148 s),
 ``sched_interval=1``, ``KillWait=2``, ``ReturnToService=1``.
 
 ``slurmctld``, ``slurmd`` and ``slurmdbd`` listen on every interface on their
-ports (22.05 has no bind address for them); ``mariadbd`` listens on 127.0.0.1
-only, munge on a Unix socket.
+ports (22.05 has no bind address for them); ``mariadbd`` on no TCP port, only on
+a Unix socket in a 0700 directory (see :mod:`.services` for its accounts);
+munge on a Unix socket.
 
 Modules: :mod:`.layout` (shape, paths, state file), :mod:`.daemons`
 (processes), :mod:`.config` (ports, slurm.conf, slurmdbd.conf),

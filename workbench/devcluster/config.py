@@ -17,14 +17,14 @@ from .layout import (
 
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
-PORT_NAMES = ("slurmctld", "slurmdbd", "mariadb") + tuple(f"slurmd-{n}" for n in NODES)
+PORT_NAMES = ("slurmctld", "slurmdbd") + tuple(f"slurmd-{n}" for n in NODES)
 
 
 def choose_ports(previous: Optional[Mapping[str, int]]) -> dict[str, int]:
     """Reuse the previous ports when all are free, else a free block at a random base.
 
     slurmd ports must be consecutive (``Port=<a>-<c>`` in the node line), so all
-    ports come as one block.
+    ports come as one block. MariaDB has none: it listens on its Unix socket only.
     """
     if previous and set(previous) == set(PORT_NAMES) and all(_port_free(p) for p in previous.values()):
         return dict(previous)
@@ -47,7 +47,7 @@ def _port_free(port: int) -> bool:
 
 
 def db_password(layout: Layout) -> str:
-    """slurmdbd's MariaDB password, made once per state directory."""
+    """slurmdbd's MariaDB password (its account reaches only the accounting DB), made once, mode 600."""
     if not layout.db_password.exists():
         layout.db_password.touch(mode=0o600)
         layout.db_password.write_text(secrets.token_hex(16))
@@ -117,8 +117,8 @@ PidFile={layout.run}/slurmdbd.pid
 LogFile={layout.log_of('slurmdbd')}
 DebugLevel=info
 StorageType=accounting_storage/mysql
-StorageHost=127.0.0.1
-StoragePort={ports['mariadb']}
+# localhost: MariaDB's Unix socket, found through $MYSQL_UNIX_PORT (slurmdbd.conf has no socket key).
+StorageHost=localhost
 StorageUser={DB_USER}
 StoragePass={db_password(layout)}
 StorageLoc={DB_NAME}

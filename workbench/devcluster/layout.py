@@ -52,6 +52,7 @@ class Layout:
         # slurmdbd ignores -f and reads slurmdbd.conf beside $SLURM_CONF.
         self.slurmdbd_conf = self.etc / "slurmdbd.conf"
         self.log = root / "log"
+        # Private (0700): PID files and MariaDB's socket, which only the cluster's user may connect to.
         self.run = root / "run"
         self.munge = root / "munge"
         self.munge_key = self.munge / "munge.key"

@@ -1,4 +1,15 @@
-"""The services under Slurm: munge (authentication), MariaDB and slurmdbd (accounting)."""
+"""The services under Slurm: munge (authentication), MariaDB and slurmdbd (accounting).
+
+MariaDB is reachable only through its Unix socket: ``--skip-networking``
+opens no TCP port, and the socket's directory (``run/``) is 0700, so only the
+OS user running the cluster can connect at all. Its superuser accounts use
+``unix_socket`` authentication: ``root`` for the OS root, and the cluster's OS
+user by name, so there is no superuser password to store or leak, and whoever
+can log in as one already owns the data directory. slurmdbd uses its own
+account, limited to the accounting database, with the password from
+:func:`~workbench.devcluster.config.db_password`; it has no socket setting and
+reaches the socket through ``$MYSQL_UNIX_PORT``.
+"""
 
 from __future__ import annotations
 
@@ -39,31 +50,63 @@ def start_munged(layout: Layout, state: dict) -> None:
 
 
 def start_mariadb(layout: Layout, state: dict, user: str, deadline: float) -> None:
+    """Start MariaDB on its Unix socket only; make the accounts slurmdbd and the cluster's user need."""
     if not (layout.mysql_data / "mysql").is_dir():
         shutil.rmtree(layout.mysql_data, ignore_errors=True)
         subprocess.run([
             "mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_data}", f"--user={user}",
-            "--auth-root-authentication-method=normal", "--skip-test-db", *MARIADB_TUNING,
+            "--auth-root-authentication-method=socket", f"--auth-root-socket-user={user}",
+            "--skip-test-db", *MARIADB_TUNING,
         ], check=True, capture_output=True, text=True)
+    layout.run.chmod(0o700)
     layout.mysql_socket.unlink(missing_ok=True)
     start(layout, state, "mariadbd", [
         "mariadbd", "--no-defaults", f"--datadir={layout.mysql_data}", f"--user={user}",
-        f"--socket={layout.mysql_socket}", f"--port={state['ports']['mariadb']}", "--bind-address=127.0.0.1",
+        f"--socket={layout.mysql_socket}", "--skip-networking",
         f"--pid-file={layout.run / 'mariadbd.pid'}", f"--log-error={layout.log_of('mariadbd')}",
         "--skip-name-resolve", *MARIADB_TUNING,
     ], daemon_env(layout))
-    password = db_password(layout)
-    grant = (
-        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{password}';"
-        f"ALTER USER '{DB_USER}'@'127.0.0.1' IDENTIFIED BY '{password}';"
-        f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'127.0.0.1';"
-    )
-    client = ["mariadb", "--no-defaults", f"--socket={layout.mysql_socket}", "-uroot", "-e", grant]
-    wait_until(lambda: subprocess.run(client, capture_output=True).returncode == 0, deadline, layout, "mariadbd")
+    accounts = _accounts_sql(user, db_password(layout))
+    wait_until(lambda: _as_superuser(layout, user, accounts), deadline, layout, "mariadbd")
+
+
+def _accounts_sql(user: str, password: str) -> str:
+    """Idempotent: superusers by ``unix_socket`` only, slurmdbd's account, nothing else that logs in.
+
+    Also brings a state directory made before this (root with an empty
+    password, also at 127.0.0.1, ::1 and the host name) to the same accounts.
+    """
+    superuser = [] if user == "root" else [
+        f"CREATE USER IF NOT EXISTS '{user}'@'localhost' IDENTIFIED VIA unix_socket;",
+        f"ALTER USER '{user}'@'localhost' IDENTIFIED VIA unix_socket;",
+        f"GRANT ALL PRIVILEGES ON *.* TO '{user}'@'localhost' WITH GRANT OPTION;",
+    ]
+    return "".join([
+        f"DELETE FROM mysql.global_priv WHERE user = '' OR (user IN ('root', '{DB_USER}') AND host <> 'localhost');",
+        "FLUSH PRIVILEGES;",
+        *superuser,
+        "ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket;",
+        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{password}';",
+        f"ALTER USER '{DB_USER}'@'localhost' IDENTIFIED BY '{password}';",
+        f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost';",
+    ])
+
+
+def _as_superuser(layout: Layout, user: str, sql: str) -> bool:
+    """Run ``sql`` as the cluster's user (unix_socket), else as a passwordless root (a state dir from before).
+
+    On stdin, not in argv: it holds slurmdbd's password, and any user may read another's argv.
+    """
+    for db_user in dict.fromkeys((user, "root")):
+        client = ["mariadb", "--no-defaults", f"--socket={layout.mysql_socket}", f"-u{db_user}"]
+        if subprocess.run(client, input=sql.encode(), capture_output=True).returncode == 0:
+            return True
+    return False
 
 
 def start_slurmdbd(layout: Layout, state: dict, deadline: float) -> None:
-    start(layout, state, "slurmdbd", ["slurmdbd", "-D"], daemon_env(layout))
+    env = {**daemon_env(layout), "MYSQL_UNIX_PORT": str(layout.mysql_socket)}
+    start(layout, state, "slurmdbd", ["slurmdbd", "-D"], env)
     wait_until(lambda: run_client(layout, ["sacctmgr", "-n", "-P", "list", "cluster"], check=False).returncode == 0,
                deadline, layout, "slurmdbd")
 
