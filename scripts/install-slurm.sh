@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Install the Debian packages the dev Slurm cluster (workbench/cluster/devcluster.py) runs on:
+# Install the Debian packages the dev Slurm cluster (workbench/devcluster/) runs on:
 # Slurm's controller, node daemon, accounting daemon and client tools, MUNGE and MariaDB.
 # Non-interactive and idempotent: does nothing when every binary is already there.
 # No service is enabled or started here; devcluster starts its own daemons under its state dir.

@@ -77,11 +77,11 @@ def workbench_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
 
 @contextlib.contextmanager
 def local_slurm(state_dir: Path):
-    """The real local Slurm (workbench.cluster.devcluster) for one test module; down, and every
-    daemon it recorded killed by PID, also on failure."""
+    """The real local Slurm (workbench.devcluster) for one test module; down, and every
+    daemon it started killed by PID, also on failure."""
     import psutil
 
-    from workbench.cluster import devcluster
+    from workbench import devcluster
 
     env = pytest.MonkeyPatch()
     try:
@@ -90,9 +90,14 @@ def local_slurm(state_dir: Path):
         yield info
     finally:
         env.undo()
-        state = devcluster._read_state(devcluster.Layout(state_dir)) or {"daemons": {}}
-        pids = [d["pid"] for d in state["daemons"].values()]
-        devcluster.down(state_dir)
-        for pid in pids:
-            if psutil.pid_exists(pid) and psutil.Process(pid).status() != psutil.STATUS_ZOMBIE:
-                os.kill(pid, signal.SIGKILL)
+        daemons = []
+        for pid in devcluster.daemon_pids(state_dir).values():
+            with contextlib.suppress(psutil.NoSuchProcess):
+                daemons.append(psutil.Process(pid))
+        try:
+            devcluster.down(state_dir)
+        finally:
+            for proc in daemons:
+                with contextlib.suppress(psutil.NoSuchProcess):
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        proc.kill()

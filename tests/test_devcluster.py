@@ -7,17 +7,20 @@ One cluster per module, in a temporary state directory (never the user's own
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
+import stat
 import subprocess
 import time
+from pathlib import Path
 
 import psutil
 import pytest
 
-from workbench.cluster import devcluster
+from workbench import devcluster
 
-from .conftest import local_slurm
+from .conftest import local_slurm, workbench_cli
 
 pytestmark = [
     pytest.mark.slurm,
@@ -138,12 +141,83 @@ def test_node_down_and_resume(cluster):
     wait_for(lambda: state_of("n1") == "idle", 30, "n1 idle again")
 
 
+def test_cli_status_reports_the_running_cluster(cluster):
+    result = workbench_cli("cluster", "status", "--dir", cluster["state_dir"], "--json")
+    assert result.returncode == 0, result.stderr
+    assert json.loads(result.stdout)["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+
+
+def test_mariadb_listens_on_no_tcp_port(cluster):
+    mariadbd = psutil.Process(cluster["pids"]["mariadbd"])
+    listening = [c.laddr for c in mariadbd.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN]
+    assert listening == []
+
+
+def test_mariadb_socket_directory_is_private(cluster):
+    socket_dir = Path(cluster["mysql_socket"]).parent
+    assert Path(cluster["mysql_socket"]).is_socket()
+    assert stat.S_IMODE(socket_dir.stat().st_mode) & 0o077 == 0, oct(socket_dir.stat().st_mode)
+
+
+def test_no_mariadb_account_logs_in_without_a_secret(cluster):
+    """Every account that can log in needs a password or is tied to an OS user (unix_socket)."""
+    result = subprocess.run(
+        ["mariadb", "--no-defaults", f"--socket={cluster['mysql_socket']}", "-uroot", "-N", "-B",
+         "-e", "SELECT user, host, priv FROM mysql.global_priv"],
+        capture_output=True, text=True, timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    accounts = [line.split("\t") for line in result.stdout.splitlines()]
+    assert accounts
+    for user, host, priv_json in accounts:
+        priv = json.loads(priv_json)
+        if priv.get("account_locked"):
+            continue
+        methods = [m or priv for m in priv.get("auth_or", [priv])]
+        for method in methods:
+            assert method.get("plugin") == "unix_socket" or method.get("authentication_string"), (user, host, priv)
+
+
+def test_slurmd_pid_and_restart_slurmd(cluster):
+    conf = cluster["slurm_conf"]
+    pid = devcluster.slurmd_pid(conf, "n3")
+    assert pid == cluster["pids"]["slurmd-n3"]
+    victim = psutil.Process(pid)
+    victim.kill()
+    victim.wait(10)
+    with pytest.raises(devcluster.DevClusterError, match=rf"node n3's slurmd \(pid {pid}\) is not running"):
+        devcluster.slurmd_pid(conf, "n3")
+
+    devcluster.restart_slurmd(conf, "n3")
+    restarted = devcluster.slurmd_pid(conf, "n3")
+    assert restarted != pid
+    cluster["pids"]["slurmd-n3"] = restarted
+    assert devcluster.status(cluster["state_dir"])["up"] is True
+    devcluster.restart_slurmd(conf, "n3")
+    assert devcluster.slurmd_pid(conf, "n3") == restarted
+    wait_for(lambda: devcluster.status(cluster["state_dir"])["nodes"].get("n3") == "idle", 30, "n3 idle")
+
+
+def test_slurmd_pid_refuses_a_slurmd_the_dev_cluster_did_not_start(cluster, tmp_path):
+    not_ours = "is not one the dev cluster started"
+    with pytest.raises(devcluster.DevClusterError, match=f"node n1's slurmd {not_ours}"):
+        devcluster.slurmd_pid(str(tmp_path / "etc" / "slurm.conf"), "n1")
+    with pytest.raises(devcluster.DevClusterError, match=f"node n1's slurmd {not_ours}"):
+        devcluster.slurmd_pid(None, "n1")
+    with pytest.raises(devcluster.DevClusterError, match=f"node n9's slurmd {not_ours}"):
+        devcluster.slurmd_pid(cluster["slurm_conf"], "n9")
+    with pytest.raises(devcluster.DevClusterError, match=f"node n1's slurmd {not_ours}"):
+        devcluster.restart_slurmd("/etc/slurm/slurm.conf", "n1")
+
+
 def test_down_stops_every_daemon_and_up_restarts(cluster):
     pids = list(cluster["pids"].values())
+    assert devcluster.daemon_pids(cluster["state_dir"]) == cluster["pids"]
     stopped = devcluster.down(cluster["state_dir"])
     assert sorted(stopped) == sorted(devcluster.DAEMONS)
     assert not any(psutil.pid_exists(p) and psutil.Process(p).status() != psutil.STATUS_ZOMBIE for p in pids)
     assert devcluster.find_slurm_conf(cluster["state_dir"]) is None
+    assert devcluster.daemon_pids(cluster["state_dir"]) == {}
     assert devcluster.status(cluster["state_dir"])["up"] is False
 
     t0 = time.monotonic()

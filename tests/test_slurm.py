@@ -18,7 +18,8 @@ import psutil
 import pytest
 
 from workbench import analysis
-from workbench.cluster import devcluster, slurm
+from workbench import devcluster
+from workbench.cluster import slurm
 from workbench.spec import SpecError
 
 from .conftest import REPO, kill_pids, local_slurm

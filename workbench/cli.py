@@ -232,7 +232,7 @@ def cmd_ls(args) -> int:
 
 
 def cmd_cluster(args) -> int:
-    from .cluster import devcluster
+    from . import devcluster
 
     return devcluster.main(args.rest)
 

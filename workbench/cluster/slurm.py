@@ -69,7 +69,7 @@ def resolve_conf(spec) -> Optional[str]:
         return str(Path(spec.slurm.conf).expanduser().resolve())
     if os.environ.get("SLURM_CONF"):
         return str(Path(os.environ["SLURM_CONF"]).resolve())
-    from . import devcluster
+    from .. import devcluster
 
     found = devcluster.find_slurm_conf()
     return str(found) if found else None
@@ -216,5 +216,3 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
     extra["requeue" if s.requeue else "no-requeue"] = True
     params["additional_parameters"] = extra
     return params
-
-

@@ -22,6 +22,7 @@ event of a node's fault has the node's name as ``target`` and ``replica_hit``.
 
 from __future__ import annotations
 
+import os
 import signal
 from typing import Optional
 
@@ -70,7 +71,7 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
             pid = slurmd_pid(conf, node)
         except DevClusterError as e:
             raise FaultError(f"slurmd_kill: {e}") from None
-        signal_pid(pid)
+        os.kill(pid, signal.SIGKILL)
         undo_helper.later(cluster.run_dir, kind.name, seconds, always=True,
                           **{**later, "fields": {"target": node, "node": node, "replica_hit": view.replica}})
     elif kind.signal is not None:
@@ -80,12 +81,6 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
     proc = view.live_proc(attempt)
     return {"target": view.replica, "attempt": attempt, "node": node, "job_id": job_id,
             "pid": proc.pid if proc else None}
-
-
-def signal_pid(pid: int) -> None:
-    import os
-
-    os.kill(pid, signal.SIGKILL)
 
 
 def undo(cluster, payload: dict) -> dict:

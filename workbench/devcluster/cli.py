@@ -1,0 +1,52 @@
+"""``workbench cluster up|down|status [--dir DIR] [--json]``: the dev cluster from a shell."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import Optional, Sequence
+
+from .layout import DEFAULT_STATE_DIR, ENV_STATE_DIR, DevClusterError
+from .lifecycle import down, status, up
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """``workbench cluster up|down|status [--dir DIR]``."""
+    parser = argparse.ArgumentParser(
+        prog="workbench cluster", description="A local Slurm cluster (3 nodes on this host) for demos and tests."
+    )
+    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument("--dir", dest="state_dir", default=None,
+                        help=f"state directory (default ${ENV_STATE_DIR} or {DEFAULT_STATE_DIR})")
+    parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    args = parser.parse_args(argv)
+    try:
+        if args.action == "up":
+            info = up(args.state_dir)
+            if args.json:
+                print(json.dumps(info, indent=2))
+            else:
+                verb = "started" if info["started"] else "already up"
+                print(f"dev Slurm cluster {verb} in {info['seconds']:.1f}s: {info['state_dir']}")
+                print(f"partition={info['partition']} account={info['account']} nodes={','.join(info['nodes'])}")
+                for key, value in info["env"].items():
+                    print(f"export {key}={value}")
+            return 0
+        if args.action == "down":
+            stopped = down(args.state_dir)
+            print(json.dumps(stopped) if args.json else f"stopped: {' '.join(stopped) or 'nothing was running'}")
+            return 0
+        info = status(args.state_dir)
+        if args.json:
+            print(json.dumps(info, indent=2))
+        else:
+            print(f"{info['state_dir']}: {'up' if info['up'] else 'not up'}")
+            for name, d in info["daemons"].items():
+                print(f"  {name:<12} {'alive' if d['alive'] else 'dead':<6} pid={d['pid']}")
+            for node, node_state in info["nodes"].items():
+                print(f"  node {node}: {node_state}")
+        return 0 if info["up"] else 1
+    except DevClusterError as e:
+        print(f"workbench cluster {args.action}: {e}", file=sys.stderr)
+        return 1

@@ -1,0 +1,149 @@
+"""The dev cluster's daemon processes: started in the foreground in their own session, known by PID.
+
+Every daemon runs with ``-D`` (or its foreground flag) as a child of the
+process that called ``up`` and in a session of its own, so it outlives that
+process and a terminal's hang-up. It is then known only by the ``pid`` and
+``create_time`` :func:`start` records in the state file; :func:`alive`
+compares both, so a PID the kernel has since reused is never signalled.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import time
+from contextlib import suppress
+from pathlib import Path
+from typing import Any, Mapping, Optional
+
+import psutil
+
+from .layout import NODES, DevClusterError, Layout, write_state
+
+REQUIRED_PROGRAMS = (
+    "munged", "mungekey", "mariadb-install-db", "mariadbd", "mariadb",
+    "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "scontrol", "sinfo", "squeue", "scancel",
+)
+INSTALL_HINT = "run scripts/install-slurm.sh (Debian: slurm-wlm slurmdbd munge mariadb-server)"
+
+# Stop order: reverse start order, so a daemon's dependencies outlive its shutdown.
+STOP_TIERS = ([f"slurmd-{n}" for n in NODES], ["slurmctld"], ["slurmdbd"], ["mariadbd"], ["munged"])
+
+
+def check_programs() -> None:
+    missing = [p for p in REQUIRED_PROGRAMS if not (shutil.which(p) or Path("/usr/sbin", p).exists())]
+    if missing:
+        raise DevClusterError(f"missing programs: {' '.join(missing)}; {INSTALL_HINT}")
+
+
+def daemon_env(layout: Layout) -> dict[str, str]:
+    """This process's environment without the Slurm job variables, and ``SLURM_CONF`` of this cluster."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
+    env["SLURM_CONF"] = str(layout.slurm_conf)
+    return env
+
+
+def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[str, str]) -> None:
+    """Start one daemon in the foreground in its own session; record its PID, start time and argv.
+
+    Its own log goes where its config says; stdout/stderr (early failures) to ``log/<name>.stdout``.
+    """
+    out = open(layout.log / f"{name}.stdout", "ab")
+    try:
+        proc = subprocess.Popen(cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=layout.root)
+    finally:
+        out.close()
+    state["daemons"][name] = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
+                              "argv": cmd}
+    write_state(layout, state)
+
+
+def alive(entry: Optional[Mapping[str, Any]]) -> bool:
+    """The recorded process still runs (same PID and start time, so not a reused PID) and is not a zombie."""
+    if not entry:
+        return False
+    try:
+        proc = psutil.Process(entry["pid"])
+        return (abs(proc.create_time() - entry["create_time"]) < 0.5
+                and proc.status() != psutil.STATUS_ZOMBIE)
+    except psutil.NoSuchProcess:
+        return False
+
+
+def stop_recorded(state: Optional[dict], timeout_s: float = 20.0) -> list[str]:
+    """SIGTERM the recorded daemons still alive, SIGKILL after ``timeout_s``; return their names.
+
+    In :data:`STOP_TIERS`; daemons of one tier stop together.
+    """
+    if not state:
+        return []
+    stopped = []
+    for tier in STOP_TIERS:
+        procs = {}
+        for name in tier:
+            entry = state["daemons"].get(name)
+            if alive(entry):
+                procs[name] = psutil.Process(entry["pid"])
+            else:
+                reap(entry)
+        for proc in procs.values():
+            with suppress(psutil.NoSuchProcess):
+                proc.terminate()
+        left = wait_exited(list(procs.values()), timeout_s)
+        for proc in left:
+            with suppress(psutil.NoSuchProcess):
+                proc.kill()
+        wait_exited(left, 5)
+        for name in procs:
+            reap(state["daemons"][name])
+        stopped.extend(procs)
+    return stopped
+
+
+def wait_exited(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+    """Wait until each process is gone or a zombie; return those still running.
+
+    Not ``psutil.wait_procs``: daemons started by an earlier process are
+    children of init, which may reap them only seconds later.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = [p for p in procs if _running(p)]
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.05)
+
+
+def _running(proc: psutil.Process) -> bool:
+    try:
+        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def reap(entry: Optional[Mapping[str, Any]]) -> None:
+    """Collect a dead daemon that this process started, so it does not stay a zombie."""
+    if entry:
+        try:
+            os.waitpid(entry["pid"], os.WNOHANG)
+        except ChildProcessError:
+            pass
+
+
+def run_client(layout: Layout, argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
+    """Run one Slurm client command (sinfo, sacctmgr, ...) against this cluster."""
+    result = subprocess.run(argv, env=daemon_env(layout), capture_output=True, text=True, timeout=30)
+    if check and result.returncode:
+        raise DevClusterError(f"{' '.join(argv)} failed ({result.returncode}): {result.stderr.strip()}")
+    return result
+
+
+def wait_until(condition, deadline: float, layout: Layout, daemon: str, poll_s: float = 0.2) -> None:
+    """Poll ``condition`` until true; past ``deadline``, DevClusterError naming ``daemon``'s logs."""
+    while not condition():
+        if time.monotonic() > deadline:
+            raise DevClusterError(f"{daemon} not ready in time; see {layout.log_of(daemon)} "
+                                  f"and {layout.log / (daemon + '.stdout')}")
+        time.sleep(poll_s)
