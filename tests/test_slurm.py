@@ -170,6 +170,20 @@ def test_node_down_under_a_replica_group_it_comes_back_on_another_node(submit, c
     assert run.stop()["state"] == "stopped"
 
 
+def test_abort_on_slurm_signals_the_job_and_the_group_comes_back(submit, cluster):
+    """The table's `abort` (SIGABRT) needs no Slurm code of its own: `scancel --signal=ABRT --full`."""
+    run = submit(BASE + ["replicas=2", "min_replicas=1"])
+    run.wait_for_step(10, timeout=240)
+    fault = run.kill(replica=1, how="abort")
+    assert (fault["action"], fault["job_id"]) == ("abort", starts(run, 1)[0]["job_id"])
+    run.wait_for(rejoined(1, 1), timeout=240)
+    ended = next(e for e in run._events if e["kind"] == "job" and e["replica"] == 1 and e["attempt"] == 0)
+    assert ended["clean"] is False
+    row = analysis.recovery_timeline(run.event_records()).iloc[0]
+    assert row["action"] == "abort" and row["complete"], row
+    assert run.stop()["state"] == "stopped"
+
+
 def test_bad_partition_or_account_is_refused_before_anything_is_queued(cluster, run_root):
     import workbench as wb
 
