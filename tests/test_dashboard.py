@@ -300,7 +300,7 @@ def real_run(start_run, run_root):
 
 
 def test_kill_button_kills_the_replica_of_a_real_run(real_run):
-    d = real_run.dashboard()
+    d = Dashboard(real_run)
     try:
         wait_until(lambda: d.state.tiles[1].state == "participating" and (d.state.tiles[1].step or 0) >= 3,
                    timeout=120, poll=0.2, what="replica 1 to commit steps")

@@ -4,6 +4,7 @@
     run = wb.submit("demo", ["steps=400"])     # spec → controller → jobs → events
     run.metrics()                               # pandas, one row per replica per step
     run.kill(replica=1)                         # SIGKILL; the group is relaunched and heals
+    wb.dashboard(run)                           # the live view (loss, groups, faults) in a notebook
     run.wait(); run.summary()
     wb.attach(run.run_dir)                      # from any other kernel
 """
@@ -15,5 +16,23 @@ from .faults import FaultError
 from .sweep import Sweep, attach_sweep, sweep
 from .replay import replay
 
-__all__ = ["Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit", "Sweep", "sweep", "attach_sweep", "replay"]
+
+def dashboard(run, **kwargs):
+    """The live dashboard of a run (a ``Run`` or its directory): ``wb.dashboard(run)``.
+
+    Here rather than a ``Run`` method so that the core never imports its presentation.
+    """
+    from .widgets import Dashboard
+
+    return Dashboard(run, **kwargs)
+
+
+def comparison(source, **kwargs):
+    """A live comparison of a sweep, or of a list of runs: ``wb.comparison(sweep)``."""
+    from .widgets.comparison import ComparisonWidget
+
+    return ComparisonWidget(source, **kwargs)
+
+
+__all__ = ["dashboard", "comparison", "Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit", "Sweep", "sweep", "attach_sweep", "replay"]
 __version__ = "0.1.0"

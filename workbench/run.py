@@ -209,11 +209,6 @@ class Run:
         """After the run ended: wait until every process it recorded has exited."""
         return self.wait_for(lambda r: not r.pids(), timeout)
 
-    def dashboard(self, **kwargs: Any):
-        from .widgets import Dashboard
-
-        return Dashboard(self, **kwargs)
-
 
 def submit(
     spec: Union[str, os.PathLike, Mapping[str, Any], Spec, None] = "demo",

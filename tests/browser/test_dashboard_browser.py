@@ -1,7 +1,7 @@
 """The live dashboard in a real JupyterLab, driven through headless Chromium.
 
 Opens ``notebooks/01_quickstart.ipynb`` (``WB_BROWSER_NOTEBOOK=path`` picks
-another notebook that submits a run and shows ``run.dashboard()``), runs all
+another notebook that submits a run and shows ``wb.dashboard(run)``), runs all
 cells and checks, from the page's DOM:
 the loss plot gains points while the run goes on; events written to the run
 directory show up within about a poll period (the latency is measured); the

@@ -43,67 +43,22 @@ submit is ``slurm_validate.py``.
 
 from __future__ import annotations
 
-import hashlib
 import os
-import re
 import signal
-import subprocess
 import time
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable
 
 import submitit
 
+from . import slurm_faults, slurm_validate
 from .base import Cluster
+from .slurm_client import (TERMINAL_STATES, client_env, cluster_identity, executor_parameters, job_states,
+                           resolve_conf, slurm_cmd)
+
+__all__ = ["SlurmCluster", "TERMINAL_STATES", "client_env", "executor_parameters", "resolve_conf", "slurm_cmd"]
 
 STATE_POLL_S = 0.5
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-    "DEADLINE", "OUT_OF_MEMORY", "REVOKED",
-})
-
-
-def resolve_conf(spec) -> Optional[str]:
-    """The slurm.conf this spec's clients use: the spec's, ``$SLURM_CONF``, the dev cluster's, or None."""
-    if spec.slurm.conf:
-        return str(Path(spec.slurm.conf).expanduser().resolve())
-    if os.environ.get("SLURM_CONF"):
-        return str(Path(os.environ["SLURM_CONF"]).resolve())
-    from .. import devcluster
-
-    found = devcluster.find_slurm_conf()
-    return str(found) if found else None
-
-
-def client_env(conf: Optional[str]) -> dict[str, str]:
-    env = dict(os.environ)
-    if conf:
-        env["SLURM_CONF"] = conf
-    return env
-
-
-def slurm_cmd(conf: Optional[str], *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
-    """Run one Slurm client command against the cluster of ``conf``; never raises on a non-zero exit."""
-    try:
-        return subprocess.run(list(argv), env=client_env(conf), capture_output=True, text=True, timeout=timeout)
-    except FileNotFoundError:
-        return subprocess.CompletedProcess(list(argv), 127, "", f"{argv[0]}: not installed")
-    except subprocess.TimeoutExpired:
-        return subprocess.CompletedProcess(list(argv), 124, "", f"{argv[0]}: no answer within {timeout}s")
-
-
-def cluster_identity(conf: Optional[str]) -> str:
-    """``<ClusterName>-<8 hex of the conf path>``: names the submitit folder, one per cluster."""
-    name = None
-    if conf and Path(conf).is_file():
-        m = re.search(r"^\s*ClusterName\s*=\s*(\S+)", Path(conf).read_text(), re.MULTILINE | re.IGNORECASE)
-        name = m.group(1) if m else None
-    if name is None:
-        out = slurm_cmd(conf, "scontrol", "show", "config").stdout
-        m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
-        name = m.group(1) if m else "slurm"
-    digest = hashlib.sha1((conf or "default").encode()).hexdigest()[:8]
-    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest}"
 
 
 class SlurmCluster(Cluster):
@@ -130,9 +85,7 @@ class SlurmCluster(Cluster):
     @classmethod
     def validate(cls, spec) -> None:
         """Check the spec against the cluster (``sbatch --test-only``: nothing is queued) and pin ``slurm.conf``."""
-        from .slurm_validate import validate
-
-        validate(spec)
+        slurm_validate.validate(spec)
 
     def submit(self, fn: Callable[..., Any], *args: Any, name: str) -> submitit.Job:
         self.executor.update_parameters(job_name=name)
@@ -150,14 +103,10 @@ class SlurmCluster(Cluster):
         slurm_cmd(self.conf, "scancel", str(job.job_id))
 
     def inject(self, kind, view, seconds, origin: str) -> dict:
-        from .slurm_faults import inject
-
-        return inject(self, kind, view, seconds, origin)
+        return slurm_faults.inject(self, kind, view, seconds, origin)
 
     def undo(self, payload: dict) -> dict:
-        from .slurm_faults import undo
-
-        return undo(self, payload)
+        return slurm_faults.undo(self, payload)
 
     def stop_all(self, state) -> list[str]:
         """Cancel every job the run submitted, then the processes on this host."""
@@ -172,47 +121,3 @@ class SlurmCluster(Cluster):
         if not live:
             return
         self._states.update(job_states(self.conf, live))
-
-
-def job_states(conf: Optional[str], job_ids: list[str]) -> dict[str, str]:
-    """Slurm state of each job: slurmctld's (squeue), else accounting's (sacct); absent when neither knows."""
-    out = slurm_cmd(conf, "squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T")
-    states = _parse_states(out.stdout) if out.returncode == 0 else {}
-    missing = [j for j in job_ids if j not in states]
-    if missing:
-        acct = slurm_cmd(conf, "sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing))
-        if acct.returncode == 0:
-            states.update({j: s for j, s in _parse_states(acct.stdout).items() if j in missing})
-    return states
-
-
-def _parse_states(text: str) -> dict[str, str]:
-    states = {}
-    for line in text.splitlines():
-        if "|" in line:
-            job_id, state = line.split("|", 1)
-            states[job_id.strip()] = state.split()[0].rstrip("+").upper() if state.strip() else "UNKNOWN"
-    return states
-
-
-def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
-    """submitit ``SlurmExecutor`` parameters from ``spec.slurm``."""
-    s = spec.slurm
-    params: dict[str, Any] = {
-        "time": s.time_min,
-        "nodes": s.nodes,
-        "ntasks_per_node": s.tasks_per_node,
-        "cpus_per_task": s.cpus_per_task,
-        "srun_args": list(s.srun_args),
-        "setup": list(s.setup),
-        "stderr_to_stdout": True,
-    }
-    if s.gpus_per_node:
-        params["gpus_per_node"] = s.gpus_per_node
-    for key in ("partition", "qos", "account"):
-        if getattr(s, key):
-            params[key] = getattr(s, key)
-    extra = dict(s.sbatch_args)
-    extra["requeue" if s.requeue else "no-requeue"] = True
-    params["additional_parameters"] = extra
-    return params

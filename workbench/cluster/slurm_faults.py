@@ -29,7 +29,7 @@ from typing import Optional
 from .. import undo as undo_helper
 from ..faultkinds import FaultKind
 from .base import FaultError
-from .slurm import client_env, slurm_cmd
+from .slurm_client import client_env, slurm_cmd
 
 NODE_KINDS = ("node_down", "slurmd_kill")
 

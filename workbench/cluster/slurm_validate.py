@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 from ..spec import SpecError
-from .slurm import executor_parameters, resolve_conf, slurm_cmd
+from .slurm_client import executor_parameters, resolve_conf, slurm_cmd
 
 
 

@@ -14,7 +14,7 @@ import os
 import subprocess
 import time
 from pathlib import Path
-from typing import Any, Optional, Union
+from typing import Optional, Union
 
 import pandas as pd
 
@@ -219,12 +219,6 @@ class Sweep:
         from .. import compare
 
         return compare.sweep_report_figures(self, color_by=color_by)
-
-    def widget(self, **kwargs: Any):
-        """A live comparison widget that refreshes while the sweep runs."""
-        from ..widgets.comparison import ComparisonWidget
-
-        return ComparisonWidget(self, **kwargs)
 
 
 def attach_sweep(sweep_dir: Union[str, os.PathLike]) -> Sweep:
