@@ -167,7 +167,9 @@ def chaos(run_root):
         ckpt_dir = maxtext_command.checkpoint_dir(run_dir, run_dir.name)
         latest = max(maxtext_output.durable_checkpoints(ckpt_dir))
         planted = latest + PERIOD
-        shutil.copytree(ckpt_dir / str(latest), ckpt_dir / f"{planted}.orbax-checkpoint-tmp")
+        half_written = ckpt_dir / f"{planted}.orbax-checkpoint-tmp"
+        if not half_written.exists():  # else the kill itself landed mid-save and left the real thing
+            shutil.copytree(ckpt_dir / str(latest), half_written)
         out["planted"] = planted
 
         a1 = Attempt(run_dir, 1)

@@ -32,8 +32,8 @@ from .conftest import REPO
         (["slurm.sbatch_args={\"a b\": c}"], "slurm.sbatch_args", "an sbatch option name"),
         (["lighthouse.bind_host=0.0.0.0"], "lighthouse.bind_host", "not a loopback address"),
         (["maxtext=" + "[" * 3000 + "]" * 3000], "maxtext", "nested too deeply"),
-        (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "allowed: kill, hang, preempt"),
-        (["faults=[{action: node_down, at_step: 3}]"], "faults[0].action", "not a fault on cluster local; allowed: kill, hang, preempt, lighthouse_kill"),
+        (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "allowed: kill, abort, hang, preempt"),
+        (["faults=[{action: node_down, at_step: 3}]"], "faults[0].action", "not a fault on cluster local; allowed: kill, abort, hang, preempt, lighthouse_kill"),
     ],
 )
 def test_bad_spec_names_field_and_allowed_values(overrides, field, allowed):

@@ -76,6 +76,7 @@ class Controller:
         self.lighthouse_next_try = 0.0
         self.lighthouse_pending: Optional[float] = None  # launched, not listening yet: give up at this time
         self.lighthouse_failures = 0
+        self.lighthouse_launched_t: Optional[float] = None
         self.slots = {r: ReplicaSlot(r) for r in range(self.spec.replicas if self.elastic else 1)}
         self.run_state = RunState(self.spec.replicas, self.spec.steps)  # ranks of a one-job trainer too
         self.exits: dict[tuple[int, int], dict] = {}
@@ -298,7 +299,7 @@ class Controller:
             try:
                 if lh.ready():
                     self.lighthouse_pending, self.lighthouse_down_t, self.lighthouse_failures = None, None, 0
-                    self._lighthouse_event("up", restarted=True)
+                    self._lighthouse_event("up", restarted=True, launched_t=self.lighthouse_launched_t)
                     return
                 if now < self.lighthouse_pending:
                     return
@@ -325,6 +326,7 @@ class Controller:
             return
         self._write_lighthouse_epoch()
         lh.launch()
+        self.lighthouse_launched_t = time.time()
         self.lighthouse_pending = now + LIGHTHOUSE_START_S
 
     def _lighthouse_event(self, state: str, **fields: Any) -> None:
