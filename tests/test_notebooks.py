@@ -90,9 +90,10 @@ def test_teaching_notebook_runs_headless(run_root):
     shown = displayed(nb, '"survivor_steps_discarded"')
     assert shown["survivor_steps_lost"] == 0
     assert shown["kill_to_rejoin_s"] == pytest.approx(rejoin_s, abs=1e-6)
-    # Each survivor had one step in flight when the victim died, voted down and redone.
+    # The survivors' step attempts voted down (a step in flight when the victim died; none when
+    # the kill fell between steps), counted by hand.
     voted_down = [e for e in events if e["kind"] == "step" and e["replica"] in (0, 2) and e.get("committed") is False]
-    assert shown["survivor_steps_discarded"] == len(voted_down) >= 1
+    assert shown["survivor_steps_discarded"] == len(voted_down)
 
 
 @pytest.mark.slow
