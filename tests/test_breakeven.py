@@ -1,5 +1,6 @@
 """Break-even math on made-up event logs (written by a real EventWriter), checked by hand."""
 
+import numpy as np
 import pytest
 
 from workbench import breakeven as be
@@ -75,51 +76,74 @@ def restart_log(tmp_path, kill: bool):
 
 
 def test_rates_losses_and_crossing_match_a_hand_computation(tmp_path):
+    """Every expectation below is arithmetic on the logs' construction, written out; none calls
+    the implementation. Goodput's steady-state bins are 20 median steps wide (elastic 2.5 s,
+    restart 1.25 s) and half-open, so every bin away from the fault holds exactly 20 steps per
+    writer: 2 × 20 × 8 / 2.5 = 128 samples/s elastic, 2 × 20 × 8 / 1.25 = 256 samples/s restart,
+    in the fault-free and the faulted runs alike (a restart's redone steps are steps taken at the
+    steady rate)."""
     e_clean, e_kill = elastic_log(tmp_path, False), elastic_log(tmp_path, True)
     r_clean, r_kill = restart_log(tmp_path, False), restart_log(tmp_path, True)
     result = be.breakeven(e_kill, r_kill, e_clean, r_clean)
     e, r = result["elastic"], result["restart"]
 
-    r_e, r_r = 2 * BATCH / DT_ELASTIC, 2 * BATCH / DT_RESTART
-    assert e["rate_samples_per_s"] == pytest.approx(r_e, rel=0.01)
-    assert r["rate_samples_per_s"] == pytest.approx(r_r, rel=0.01)
-    # Elastic: window T = 799 steps; useful = 1600 group-steps less the 39 group 1 missed, at the
-    # faulted run's own steady rate (goodput's estimate from whole bins, checked to 1 % above).
-    assert e["faulted_rate_samples_per_s"] == pytest.approx(r_e, rel=0.01)
-    l_e = 799 * DT_ELASTIC - (1600 - 39) * BATCH / e["faulted_rate_samples_per_s"]
-    assert e["faults"] == 1 and e["lost_per_fault_s"] == pytest.approx(l_e, rel=1e-9)
-    # Restart: 30 s from fault to first step, plus half of the 10 s checkpoint period.
-    assert r["restart_s"] == pytest.approx(30.0, abs=1e-6)
-    assert r["checkpoint_period_s"] == pytest.approx(10.0, abs=1e-6)
-    l_r = 30.0 + 10.0 / 2
-    assert r["lost_per_fault_s"] == pytest.approx(l_r, rel=1e-6)
-    # What the run really lost: the 30.03 s gap (its last step is the first new one), the 40
-    # rolled-back steps (2.5 s), less goodput's fencepost step.
-    assert r["rolled_back_steps"] == 2 * 40
-    t_window = 999 * DT_RESTART + 30.03 + 639 * DT_RESTART
-    assert r["measured_lost_per_fault_s"] == pytest.approx(
-        t_window - 2 * 1600 * BATCH / r["faulted_rate_samples_per_s"], rel=1e-9)
-    assert r["measured_lost_per_fault_s"] == pytest.approx(30.03 + 2.5 - 2 * DT_RESTART, abs=2 * DT_RESTART)
-
-    r_e, r_r = e["rate_samples_per_s"], r["rate_samples_per_s"]
-    m = (r_r * l_r - r_e * l_e) / (r_r - r_e)
-    assert result["crossing_mtbf_s"] == pytest.approx(m, rel=1e-9)
+    assert (e["rate_samples_per_s"], e["faulted_rate_samples_per_s"]) == (128.0, 128.0)
+    assert (r["rate_samples_per_s"], r["faulted_rate_samples_per_s"]) == (256.0, 256.0)
+    # Elastic: window T = first to last step = 799 × 0.125 = 99.875 s; useful = 800 + 761 group-steps
+    # (group 1 missed steps 401..439) = 1561 × 8 = 12488 samples; lost = T − 12488 / 128
+    # = 99.875 − 97.5625 = 2.3125 s, all of it the one fault's.
+    assert e["faults"] == 1 and e["rolled_back_steps"] == 0
+    assert e["lost_per_fault_s"] == pytest.approx(2.3125, rel=1e-12)
+    assert e["measured_lost_per_fault_s"] == e["lost_per_fault_s"]
+    # Restart: fault → the next attempt's first step is 30 s; checkpoints every 160 × 0.0625 = 10 s;
+    # the model's loss per fault is restart + half a period = 30 + 5 = 35 s.
+    assert r["faults"] == 1 and r["restart_s"] == pytest.approx(30.0, rel=1e-12)
+    assert r["checkpoint_period_s"] == pytest.approx(10.0, rel=1e-12)
+    assert r["lost_per_fault_s"] == pytest.approx(35.0, rel=1e-12)
+    # What the run really lost: steps 961..1000 were run, rolled back by the restore from 960 and
+    # redone (2 ranks × 40 steps); window T = 999 × 0.0625 (to the kill) + 30.03 (the gap: the last
+    # step before the kill is 0.03 s before it) + 639 × 0.0625 (steps 961..1600) = 132.405 s; useful
+    # = 2 ranks × 1600 distinct steps × 8 = 25600 samples = 100 s at 256/s: lost 32.405 s.
+    assert r["rolled_back_steps"] == 80
+    assert r["measured_lost_per_fault_s"] == pytest.approx(32.405, rel=1e-9)
+    # Crossing: M* = (R_r L_r − R_e L_e) / (R_r − R_e) = (256 × 35 − 128 × 2.3125) / (256 − 128)
+    # = (8960 − 296) / 128 = 67.6875 s; elastic (the slower one fault-free) wins below it.
+    assert result["crossing_mtbf_s"] == pytest.approx(67.6875, rel=1e-12)
     assert result["elastic_wins"] == "below"
-    assert result["fault_free_overhead"] == pytest.approx(0.5, rel=0.01)
+    assert result["fault_free_overhead"] == pytest.approx(0.5, rel=1e-12)  # 1 − 128 / 256
 
 
 def test_the_crossing_is_where_the_two_curves_meet(tmp_path):
+    """The figure's curves and marker against R (1 − L/M), floored at 0, with the hand values of
+    the test above (R_e = 128, L_e = 2.3125, R_r = 256, L_r = 35, M* = 67.6875 = 1083/16):
+    at M*, 128 − 128 × 2.3125 × 16/1083 = 133888/1083 ≈ 123.63 samples/s for both."""
     result = be.breakeven(elastic_log(tmp_path, True), restart_log(tmp_path, True),
                           elastic_log(tmp_path, False), restart_log(tmp_path, False))
-    e, r, m = result["elastic"], result["restart"], result["crossing_mtbf_s"]
-    at = lambda k, x: float(be.useful_rate(k["rate_samples_per_s"], k["lost_per_fault_s"], x))  # noqa: E731
-    assert at(e, m) == pytest.approx(at(r, m), rel=1e-9)
-    assert at(e, 0.5 * m) > at(r, 0.5 * m) and at(e, 2 * m) < at(r, 2 * m)
     fig = be.breakeven_figure(result)
     marker = next(tr for tr in fig.data if tr.name == "break-even")
-    assert marker.x[0] == pytest.approx(m) and marker.y[0] == pytest.approx(at(r, m), rel=1e-9)
+    assert marker.x[0] == pytest.approx(67.6875, rel=1e-12)
+    assert marker.y[0] == pytest.approx(133888 / 1083, rel=1e-12)
+    elastic = next(tr for tr in fig.data if tr.name.startswith("elastic"))
+    restart = next(tr for tr in fig.data if tr.name.startswith("checkpoint-restart"))
+    assert "R=128/s, L=2.3 s/fault" in elastic.name and "R=256/s, L=35.0 s/fault" in restart.name
+    m = np.asarray(elastic.x)
+    assert np.array_equal(m, np.asarray(restart.x))
+    assert np.asarray(elastic.y) == pytest.approx(np.maximum(0.0, 128 * (1 - 2.3125 / m)), rel=1e-12)
+    assert np.asarray(restart.y) == pytest.approx(np.maximum(0.0, 256 * (1 - 35 / m)), rel=1e-12)
+    # Below M* elastic is above checkpoint-restart, beyond it below: at M*/2 (33.84 s) restart loses
+    # more than M per fault (35 > 33.84) and is floored at 0 while elastic makes 128 × (1 − 4.625/67.6875)
+    # ≈ 119.25; at 2 M* (135.375 s) elastic ≈ 125.81, restart 256 × (1 − 35/135.375) ≈ 189.81.
+    # (Below L_e = 2.3125 s both are floored at 0.)
+    below, above = (m > 2.3125) & (m < 67.6875), m > 67.6875
+    assert below.any() and above.any()
+    assert (np.asarray(elastic.y)[below] > np.asarray(restart.y)[below]).all()
+    assert (np.asarray(elastic.y)[above] < np.asarray(restart.y)[above]).all()
 
 
 def test_no_crossing_when_elastic_is_faster_and_loses_less():
+    # 200 (1 − 1/M) = 100 (1 − 30/M) gives M = (3000 − 200) / (100 − 200) < 0: no crossing at M > 0.
     assert be.crossing_mtbf(200.0, 1.0, 100.0, 30.0) is None
+    # Equal rates: parallel lines.
     assert be.crossing_mtbf(100.0, 2.0, 100.0, 30.0) is None
+    # A crossing for contrast, by hand: (200 × 30 − 100 × 2) / (200 − 100) = 58.
+    assert be.crossing_mtbf(100.0, 2.0, 200.0, 30.0) == pytest.approx(58.0, rel=1e-12)

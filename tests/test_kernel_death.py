@@ -12,7 +12,7 @@ from workbench import analysis
 pytestmark = pytest.mark.slow
 
 
-def _run_in(client, code: str) -> str:
+def _run_in(client, code: str) -> None:
     reply = client.execute_interactive(code, timeout=120)
     assert reply["content"]["status"] == "ok", reply["content"]
 

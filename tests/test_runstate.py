@@ -122,11 +122,14 @@ def test_stop_without_a_controller_kills_the_runs_processes_and_spares_strangers
     assert stranger.poll() is None
 
 
-def test_the_kill_signals_the_recorded_process(tmp_path, sleeper):
+@pytest.mark.parametrize("how, signal_number", [("kill", 9), ("abort", 6), ("preempt", 15)])
+def test_the_kill_signals_the_recorded_process(tmp_path, sleeper, how, signal_number):
+    """Each fault kind that ends a process ends the recorded one with its signal: SIGKILL, SIGABRT
+    (what a failed CUDA device assertion does), SIGTERM (a preemption notice)."""
     run_dir = make_run(tmp_path)
     ours = sleeper()
     EventWriter(run_dir, "replica-2.attempt-0", run="r1", replica=2, attempt=0).emit(
         "start", **procs.identity(ours.pid))
-    event = wb.attach(run_dir).kill(replica=2, how="kill")
-    assert (event["action"], event["target"], event["pid"]) == ("kill", 2, ours.pid)
-    assert ours.wait(timeout=10) == -9
+    event = wb.attach(run_dir).kill(replica=2, how=how)
+    assert (event["action"], event["target"], event["pid"]) == (how, 2, ours.pid)
+    assert ours.wait(timeout=10) == -signal_number

@@ -30,8 +30,23 @@ def test_inter_arrival_times_follow_the_exponential_distribution():
     assert (gaps < 1.0).mean() > 0.08  # short gaps happen: no fixed minimum sleep
 
 
-def test_chaos_is_materialized_into_the_recorded_spec(run_root):
-    with pytest.raises(wb.SpecError):  # validation happens before anything is drawn or written
+def test_chaos_is_drawn_into_the_faults_once(run_root):
+    """The resolved spec (what ``run.json`` records and a replay reruns) carries the drawn faults
+    after the explicit ones and no chaos section, so resolving it again draws nothing more."""
+    explicit = {"action": "kill", "target": 1, "at_step": 50}
+    spec = load_spec("demo", {"faults": [explicit], "chaos": {"mtbf_s": 5, "seed": 2, "actions": ["hang"],
+                                                             "max_faults": 4, "start_s": 3.0}})
+    resolved = schedule.materialize(spec)
+    assert resolved.chaos is None and len(resolved.faults) == 5
+    assert (resolved.faults[0].action, resolved.faults[0].target, resolved.faults[0].at_step) == ("kill", 1, 50)
+    drawn = resolved.faults[1:]
+    assert all(f.action == "hang" and 0 <= f.target < 3 and f.at_s >= 3.0 for f in drawn)
+    assert [f.at_s for f in drawn] == sorted(f.at_s for f in drawn)
+    assert schedule.materialize(resolved) == resolved
+
+
+def test_a_bad_chaos_spec_is_refused_before_anything_is_drawn_or_written(run_root):
+    with pytest.raises(wb.SpecError):
         wb.submit("demo", {"chaos": {"mtbf_s": 5, "targets": [9]}})
     assert not run_root.exists()
 

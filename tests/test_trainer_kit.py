@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from workbench.trainers import ELASTIC, REGISTRY, load, trainer_kind, trainer_names
+from workbench.trainers import REGISTRY, load, trainer_kind, trainer_names
 from workbench.trainers.kit import CheckpointLayout, StopRequest, weights_checksum
 
 
@@ -28,9 +28,18 @@ def test_every_trainer_names_a_module_with_run():
         assert load(name) is importlib.import_module(trainer_kind(name).module).run
 
 
-def test_elastic_trainers_are_the_torchft_ones():
-    assert ELASTIC == {"torchft-lite", "titan"}
-    assert [n for n in trainer_names() if trainer_kind(n).supports_spares] == ["torchft-lite"]
+@pytest.mark.parametrize("name", trainer_names())
+def test_a_spec_with_spares_is_refused_for_a_trainer_without_them(name):
+    """Hot spares exist for torchft-lite only; any other trainer's spec asking for one is refused
+    with the trainer that has them named (the table's answer, as a user meets it)."""
+    from workbench.spec import SpecError
+    from workbench.spec_load import load_spec
+
+    if name == "torchft-lite":
+        assert load_spec("demo", {"trainer": name, "spares": 1}).spares == 1
+    else:
+        with pytest.raises(SpecError, match=r"spares \(1\): hot spares are implemented for trainer torchft-lite only"):
+            load_spec("demo", {"trainer": name, "spares": 1})
 
 
 def test_unknown_trainer_names_the_allowed_ones():

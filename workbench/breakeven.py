@@ -77,19 +77,17 @@ def samples_per_step(spec) -> int:
 def throughput(events: list[dict], spec) -> dict:
     """Rates in samples/s: fault-free (steady-state) and useful (each step once, over the whole window).
 
-    ``analysis.goodput`` supplies the window and the steady-state rate; it
-    counts a step event as ``batch`` samples for torchft-lite and 1 otherwise,
-    so its rate is rescaled here by this spec's samples per step.
+    ``analysis.goodput`` supplies the window and the steady-state rate (in
+    samples/s: it counts a step as this spec's samples per step).
     """
     g = analysis.goodput(events, spec)
     df = analysis.metrics_frame(events)
     if g["goodput"] is None or df.empty:
         return {"rate_samples_per_s": None, "useful_samples_per_s": None, "T_s": None, "goodput": None}
     good = df["committed"].astype(bool) & df["participating"].fillna(True).astype(bool)
-    scale = good.sum() * samples_per_step(spec) / g["useful_samples"]
     back = rolled_back(events)
     useful = int((good & ~back).sum()) * samples_per_step(spec)
-    rate = g["rate_samples_per_s"] * scale
+    rate = g["rate_samples_per_s"]
     return {
         "rate_samples_per_s": rate,
         "useful_samples": useful,

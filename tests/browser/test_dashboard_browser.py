@@ -4,11 +4,15 @@ Opens ``notebooks/01_quickstart.ipynb`` (``WB_BROWSER_NOTEBOOK=path`` picks
 another notebook that submits a run and shows ``wb.dashboard(run)``), runs all
 cells and checks, from the page's DOM:
 the loss plot gains points while the run goes on; events written to the run
-directory show up within about a poll period (the latency is measured); the
+directory show up within a few of the dashboard's 0.5 s poll periods (the
+latency is measured, its median bounded by 2 s on a loaded machine); the
 kill button for replica 1 turns its tile dead, then back to participating with
 a new attempt, and puts a fault marker on the plot; and after the run has ended
 and the page is reloaded (kernel still alive) the plot shows the final data,
 not the data it had when first displayed.
+
+Screenshots go to test-artifacts/ (git-ignored); the test writes no tracked file.
+``scripts/refresh-dashboard-image.sh`` refreshes the README's docs/img/dashboard.png from it.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ import pytest
 
 from workbench.events import EventWriter
 
-from .conftest import ARTIFACTS, REPO
+from .conftest import ARTIFACTS
 
 pytestmark = pytest.mark.browser
 
@@ -48,6 +52,14 @@ JS_WATCH_TILE = """() => {
     };
     record();
     new MutationObserver(record).observe(document.body, {subtree: true, childList: true, attributes: true, characterData: true});
+}"""
+
+JS_REJOINED_AFTER_DEAD = """() => {
+    const s = window.__wbStates || [];
+    const dead = s.findIndex(x => x.startsWith("dead@"));
+    if (dead < 0) return false;
+    const killed = Number(s[dead].split("@")[1]);
+    return s.slice(dead + 1).some(x => x.startsWith("participating@") && Number(x.split("@")[1]) > killed);
 }"""
 
 
@@ -128,15 +140,11 @@ def test_dashboard_live_kill_recovery_and_reload(lab, page, notebook):
     page.locator("button.wb-inject").click()
     wait_js(page, "() => (window.__wbStates || []).some(s => s.startsWith('dead@'))", timeout_s=30, what="tile dead")
     wait_js(page, f"() => ({JS_TRACE_LEN})('faults') > {faults_before}", timeout_s=10, what="fault marker")
-    (REPO / "docs" / "img").mkdir(parents=True, exist_ok=True)
+    # test-artifacts/ only: scripts/refresh-dashboard-image.sh copies this one over the README's image.
     shot(page, "dashboard.png", page.locator(".wb-dashboard"))
-    shutil.copy(ARTIFACTS / "dashboard.png", REPO / "docs" / "img" / "dashboard.png")
-    wait_js(page, "() => (window.__wbStates || []).some(s => s.startsWith('participating@') && !s.endsWith('@0'))",
-            timeout_s=180, what="tile rejoined")
-    states = page.evaluate("() => window.__wbStates")
-    print(f"replica 1 tile states: {' → '.join(states)}")
-    dead_at = next(i for i, s in enumerate(states) if s.startswith("dead@"))
-    assert any(s.split("@")[0] in ("starting", "healing", "participating") for s in states[dead_at + 1:])
+    # after the dead tile, a later attempt of the group taking part again (the wait is the check)
+    wait_js(page, JS_REJOINED_AFTER_DEAD, timeout_s=180, what="tile rejoined")
+    print(f"replica 1 tile states: {' → '.join(page.evaluate('() => window.__wbStates'))}")
     shot(page, "dashboard-recovered.png")
 
     # latency: event written → visible in the page (the events tail)

@@ -46,8 +46,10 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
     df["committed"] = df["committed"].astype(bool)
     df["participating"] = df["participating"].fillna(True).astype(bool)
     batch = trainer_kind(spec.trainer).samples_per_step(spec)
-    # A step redone after a restore from a checkpoint counts once.
-    good = df[df["committed"] & df["participating"]].drop_duplicates(["replica", "step"], keep="first")
+    stepped = df[df["committed"] & df["participating"]]
+    # A step redone after a restore from a checkpoint counts once as work, but the job stepped at its
+    # steady rate while redoing it: the rate is measured on every step taken.
+    good = stepped.drop_duplicates(["replica", "step"], keep="first")
     t0, t1 = float(df.loc[df["committed"], "t"].min()), float(df.loc[df["committed"], "t"].max())
     T = t1 - t0
     if T <= 0:
@@ -57,7 +59,8 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
     width = min(max(1.0, 20 * median_step), T)
     nbins = max(1, int(T // width))
     edges = t0 + width * np.arange(nbins + 1)
-    counts, _ = np.histogram(good["t"].to_numpy(), bins=edges)
+    ts = stepped["t"].to_numpy()
+    counts, _ = np.histogram(ts[ts < edges[-1]], bins=edges)  # half-open bins, the last one too
     # Steady state: the bins that no fault or recovery touches.
     timeline = recovery_timeline(events) if timeline is None else timeline
     faults = [e for e in events if e.get("kind") == "fault"]
