@@ -159,14 +159,16 @@ class RunState:
         self.last_event_t = t
         if self.t0 is None or (t and t < self.t0):
             self.t0 = t
-        handler = getattr(self, f"_on_{kind}", None) if isinstance(kind, str) else None
-        if handler is not None and not well_formed(e):
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            return
+        if kind not in _CHECKS_INLINE and not well_formed(e):
             self.bad_events += 1
-        elif handler is not None:
-            try:
-                handler(e, t)
-            except (TypeError, ValueError, KeyError, AttributeError):  # a malformed event: counted, skipped
-                self.bad_events += 1
+            return
+        try:
+            handler(self, e, t)
+        except (TypeError, ValueError, KeyError, AttributeError):  # a malformed event: counted, skipped
+            self.bad_events += 1
 
     def _own(self, e: dict) -> Optional[ReplicaView]:
         """The view of a replica's own event, or None if it is a stale attempt's."""
@@ -406,6 +408,10 @@ _FIELD_TYPES = {  # a field that is present must have one of these types (None: 
     "action": (str,), "target": (int, str, type(None)), "state": (str, type(None)),
     "reason": (str, type(None)), "job_id": (str, int, type(None)), "spare": (int, type(None)),
 }
+
+
+_HANDLERS = {name[4:]: fn for name, fn in vars(RunState).items() if name.startswith("_on_")}
+_CHECKS_INLINE = frozenset({"step", "heartbeat"})  # the hot kinds, whose handlers check each field they use
 
 
 def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
