@@ -296,6 +296,17 @@ def _steps(run, replica, attempt=None):
     return df if attempt is None else df[df["attempt"] == attempt]
 
 
+def assert_one_writer_per_file(run) -> None:
+    """The event log's rule: every file has one writing process (the job and its rank 0 write apart)."""
+    import json
+
+    files = sorted((run.run_dir / "events").glob("*.jsonl"))
+    writers = {f.name: {json.loads(line)["pid"] for line in f.read_text().splitlines() if line.strip()} for f in files}
+    assert any(name.endswith(".rank-0.jsonl") for name in writers), sorted(writers)
+    shared = {name: pids for name, pids in writers.items() if len(pids) > 1}
+    assert shared == {}, f"files with more than one writer: {shared}"
+
+
 def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
     """SIGKILL replica group 1 mid-run; the controller relaunches it, it heals, both finish.
 
@@ -338,9 +349,51 @@ def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
 
     losses = survivor["loss"].tolist()
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+    assert_one_writer_per_file(run)
 
     rejoin = healed["t"].min() - fault["t"]
     one_group = survivor[survivor["participants"] == 1]["step_time_s"].median()
     two_groups = survivor[(survivor["participants"] == 2) & survivor["committed"]]["step_time_s"].median()
     print(f"\ntitan cpu: s/step 1 group {one_group:.2f}, 2 groups {two_groups:.2f}; kill->first healed step "
           f"{rejoin:.1f} s; heal transfer {heal['seconds']:.2f} s, {heal['bytes'] / 1e6:.1f} MB")
+
+
+def test_preempt_one_group_it_checkpoints_exits_preempted_and_heals(start_run):
+    """The ``preempt`` fault (SIGTERM to the group's job) reaches the rank: it ends its step, saves, exits.
+
+    Group 0 (torchft's participating rank 0, the group that writes full
+    checkpoints) is preempted: its attempt 0 reports ``exit`` with
+    ``reason="preempted"`` at a step boundary, after a checkpoint of the step
+    reached; the controller relaunches it (reason preempted), it heals from
+    group 1, and the run completes with group 1 committing every step once.
+    """
+    steps, preempt_after = 30, 5
+    run = start_run(
+        "titan-cpu", {"steps": steps, "faults": [], "titan.overrides": {"training.seq_len": 128}},
+    )
+    run.wait_for_step(preempt_after, replica=0, timeout=300)
+    assert run.state() not in ("completed", "failed", "stopped"), run.status()
+    fault = run.kill(0, how="preempt")
+    run.wait(timeout=420)
+    assert run.state() == "completed", run.status()
+
+    ev = run.events()
+    first = ev[(ev["replica"] == 0) & (ev["attempt"] == 0)]
+    exits = first[first["kind"] == "exit"]
+    assert exits["reason"].tolist() == ["preempted"], exits
+    end = exits.iloc[0]
+    assert end["t"] > fault["t"] and end["step"] >= preempt_after
+    last_step = first[first["kind"] == "step"].iloc[-1]
+    assert last_step["committed"] and last_step["step"] == end["step"], "it did not stop at a step boundary"
+    saved = first[first["kind"] == "checkpoint"]
+    assert end["titan_step"] in saved["step"].tolist(), saved
+    restarts = ev[(ev["kind"] == "restart") & (ev["replica"] == 0)]
+    assert restarts[["attempt", "reason"]].values.tolist() == [[1, "preempted"]], restarts
+    assert len(ev[(ev["kind"] == "heal") & (ev["replica"] == 0) & (ev["attempt"] == 1)]) == 1
+
+    survivor = _steps(run, 1)
+    committed = survivor[survivor["committed"]]["step"].tolist()
+    assert committed == list(range(committed[0], steps + 1)), survivor[["step", "committed", "participants"]]
+    completed = ev[(ev["kind"] == "exit") & (ev["reason"] == "completed")]
+    assert set(completed["replica"]) == {0, 1}, completed
+    assert_one_writer_per_file(run)
