@@ -57,8 +57,8 @@ def test_every_listener_of_a_local_titan_run_is_on_loopback_and_it_still_heals(s
     pytest.importorskip("torchtitan")
     run = start_run("titan-cpu", {"faults": [{"action": "kill", "target": 1, "at_step": 3}], "steps": 100000,
                                   "titan.overrides": {"training.seq_len": 128}})
-    run.wait_for(lambda r: any(e["kind"] == "heal" for e in r._events) or r.state() in ("failed", "stopped"),
-                 timeout=900)
+    healed = lambda r: any(e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1 for e in r._events)  # noqa: E731
+    run.wait_for(lambda r: healed(r) or r.state() in ("completed", "failed", "stopped"), timeout=900)
     assert run.state() == "running", run.status()
     run.wait_for_step(analysis_step(run) + 2, timeout=300)
     listeners = _listeners(run.pids())

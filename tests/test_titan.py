@@ -297,10 +297,13 @@ def _steps(run, replica, attempt=None):
 
 
 def assert_one_writer_per_file(run) -> None:
-    """The event log's rule: every file has one writing process (the job and its rank 0 write apart)."""
+    """The event log's rule: every replica file has one writing process (the job and its rank 0 write apart).
+
+    (A replica's events carry its writer's ``pid``; the controller's and a fault's name other processes.)
+    """
     import json
 
-    files = sorted((run.run_dir / "events").glob("*.jsonl"))
+    files = sorted((run.run_dir / "events").glob("replica-*.jsonl"))
     writers = {f.name: {json.loads(line)["pid"] for line in f.read_text().splitlines() if line.strip()} for f in files}
     assert any(name.endswith(".rank-0.jsonl") for name in writers), sorted(writers)
     shared = {name: pids for name, pids in writers.items() if len(pids) > 1}
@@ -396,4 +399,29 @@ def test_preempt_one_group_it_checkpoints_exits_preempted_and_heals(start_run):
     assert committed == list(range(committed[0], steps + 1)), survivor[["step", "committed", "participants"]]
     completed = ev[(ev["kind"] == "exit") & (ev["reason"] == "completed")]
     assert set(completed["replica"]) == {0, 1}, completed
+    assert_one_writer_per_file(run)
+
+
+def test_preempt_a_two_rank_group_every_rank_stops_at_one_step_and_it_resumes_from_the_checkpoint(start_run):
+    """One group of two ranks: the preemption reaches both (forwarded by the job), they stop at the
+    same step boundary (a rank that went on alone would wait in a collective, and the job would report
+    the rank that failed), save a checkpoint there, and the relaunch resumes from it. Past step 10 it
+    also shows every rank computing the weights checksum (rank 0 alone hung in ``state_dict()``)."""
+    steps, preempt_after = 20, 5
+    run = start_run("titan-cpu", {"steps": steps, "faults": [], "replicas": 1, "min_replicas": 1,
+                                  "nproc_per_replica": 2, "titan.overrides": {"training.seq_len": 128}})
+    run.wait_for_step(preempt_after, timeout=300)
+    assert run.state() not in ("completed", "failed", "stopped"), run.status()
+    run.kill(0, how="preempt")
+    run.wait(timeout=420)
+    assert run.state() == "completed", run.status()
+
+    ev = run.events()
+    first = ev[(ev["replica"] == 0) & (ev["attempt"] == 0)]
+    exits = first[first["kind"] == "exit"]
+    assert exits["reason"].tolist() == ["preempted"], exits
+    end = exits.iloc[0]
+    assert end["titan_step"] in first[first["kind"] == "checkpoint"]["step"].tolist()
+    resumed = _steps(run, 0, attempt=1)  # torchtitan's step resumes from the checkpoint; torchft's restarts at 1
+    assert resumed["titan_step"].tolist() == list(range(int(end["titan_step"]) + 1, steps + 1)), resumed
     assert_one_writer_per_file(run)

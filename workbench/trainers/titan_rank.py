@@ -234,9 +234,9 @@ class TitanEvents:
             manager._healing = False
             self._sync_lr_to_scheduler()
             self._step_state["healed"] = True
+            weights = self._weights()
             self.emit("heal", **self._heal, apply_seconds=time.perf_counter() - t0,
-                      titan_step=self.trainer.step,
-                      forward_weights=self._weights() if self.writer is not None else None)
+                      titan_step=self.trainer.step, forward_weights=weights)
 
     def _sync_lr_to_scheduler(self) -> None:
         """Set each param group's lr to the received scheduler's (problem 3 above)."""
@@ -246,6 +246,8 @@ class TitanEvents:
                 group["lr"] = lr
 
     def _weights(self) -> str:
+        """This rank's checksum. Every rank of the group computes it at the same point, not only rank 0:
+        torchtitan's model ``state_dict()`` is a collective with more than one rank (rank 0 alone hung there)."""
         return weights_checksum(self.trainer.checkpointer.states["model"].state_dict())
 
     def _after_step(self) -> None:
@@ -256,7 +258,7 @@ class TitanEvents:
         step = manager.current_step()
         if self._heartbeat is not None:
             self._heartbeat.step = step
-        if self.writer is not None and s.get("committed") and step % self.checksum_every == 0:
+        if s.get("committed") and step % self.checksum_every == 0:
             s["weights"] = self._weights()
         self.emit(
             "step", step=step, loss=s.get("loss", s.get("local_loss")), local_loss=s.get("local_loss"),
