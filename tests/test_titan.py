@@ -305,9 +305,9 @@ def assert_one_writer_per_file(run) -> None:
 
     files = sorted((run.run_dir / "events").glob("replica-*.jsonl"))
     writers = {f.name: {json.loads(line)["pid"] for line in f.read_text().splitlines() if line.strip()} for f in files}
-    assert any(name.endswith(".rank-0.jsonl") for name in writers), sorted(writers)
     shared = {name: pids for name, pids in writers.items() if len(pids) > 1}
     assert shared == {}, f"files with more than one writer: {shared}"
+    assert any(name.endswith(".rank-0.jsonl") for name in writers), sorted(writers)
 
 
 def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
