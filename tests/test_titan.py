@@ -361,6 +361,21 @@ def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
           f"{rejoin:.1f} s; heal transfer {heal['seconds']:.2f} s, {heal['bytes'] / 1e6:.1f} MB")
 
 
+def preempt_group_0(start_run, steps: int, preempt_after: int, **spec):
+    """A titan-cpu run whose group 0 is preempted after ``preempt_after`` steps, waited to its end:
+    the run, the ``fault`` event, and attempt 0's only ``exit`` (which must say preempted)."""
+    run = start_run("titan-cpu", {"steps": steps, "faults": [], "titan.overrides": {"training.seq_len": 128}, **spec})
+    run.wait_for_step(preempt_after, replica=0, timeout=300)
+    assert run.state() not in ("completed", "failed", "stopped"), run.status()
+    fault = run.kill(0, how="preempt")
+    run.wait(timeout=420)
+    assert run.state() == "completed", run.status()
+    ev = run.events()
+    exits = ev[(ev["kind"] == "exit") & (ev["replica"] == 0) & (ev["attempt"] == 0)]
+    assert exits["reason"].tolist() == ["preempted"], exits
+    return run, fault, exits.iloc[0]
+
+
 def test_preempt_one_group_it_checkpoints_exits_preempted_and_heals(start_run):
     """The ``preempt`` fault (SIGTERM to the group's job) reaches the rank: it ends its step, saves, exits.
 
@@ -371,20 +386,9 @@ def test_preempt_one_group_it_checkpoints_exits_preempted_and_heals(start_run):
     group 1, and the run completes with group 1 committing every step once.
     """
     steps, preempt_after = 30, 5
-    run = start_run(
-        "titan-cpu", {"steps": steps, "faults": [], "titan.overrides": {"training.seq_len": 128}},
-    )
-    run.wait_for_step(preempt_after, replica=0, timeout=300)
-    assert run.state() not in ("completed", "failed", "stopped"), run.status()
-    fault = run.kill(0, how="preempt")
-    run.wait(timeout=420)
-    assert run.state() == "completed", run.status()
-
+    run, fault, end = preempt_group_0(start_run, steps, preempt_after)
     ev = run.events()
     first = ev[(ev["replica"] == 0) & (ev["attempt"] == 0)]
-    exits = first[first["kind"] == "exit"]
-    assert exits["reason"].tolist() == ["preempted"], exits
-    end = exits.iloc[0]
     assert end["t"] > fault["t"] and end["step"] >= preempt_after
     last_step = first[first["kind"] == "step"].iloc[-1]
     assert last_step["committed"] and last_step["step"] == end["step"], "it did not stop at a step boundary"
@@ -407,20 +411,10 @@ def test_preempt_a_two_rank_group_every_rank_stops_at_one_step_and_it_resumes_fr
     same step boundary (a rank that went on alone would wait in a collective, and the job would report
     the rank that failed), save a checkpoint there, and the relaunch resumes from it. Past step 10 it
     also shows every rank computing the weights checksum (rank 0 alone hung in ``state_dict()``)."""
-    steps, preempt_after = 20, 5
-    run = start_run("titan-cpu", {"steps": steps, "faults": [], "replicas": 1, "min_replicas": 1,
-                                  "nproc_per_replica": 2, "titan.overrides": {"training.seq_len": 128}})
-    run.wait_for_step(preempt_after, timeout=300)
-    assert run.state() not in ("completed", "failed", "stopped"), run.status()
-    run.kill(0, how="preempt")
-    run.wait(timeout=420)
-    assert run.state() == "completed", run.status()
-
+    steps = 20
+    run, _, end = preempt_group_0(start_run, steps, 5, replicas=1, min_replicas=1, nproc_per_replica=2)
     ev = run.events()
     first = ev[(ev["replica"] == 0) & (ev["attempt"] == 0)]
-    exits = first[first["kind"] == "exit"]
-    assert exits["reason"].tolist() == ["preempted"], exits
-    end = exits.iloc[0]
     assert end["titan_step"] in first[first["kind"] == "checkpoint"]["step"].tolist()
     resumed = _steps(run, 0, attempt=1)  # torchtitan's step resumes from the checkpoint; torchft's restarts at 1
     assert resumed["titan_step"].tolist() == list(range(int(end["titan_step"]) + 1, steps + 1)), resumed
