@@ -296,6 +296,20 @@ def _steps(run, replica, attempt=None):
     return df if attempt is None else df[df["attempt"] == attempt]
 
 
+def assert_one_writer_per_file(run) -> None:
+    """The event log's rule: every replica file has one writing process (the job and its rank 0 write apart).
+
+    (A replica's events carry its writer's ``pid``; the controller's and a fault's name other processes.)
+    """
+    import json
+
+    files = sorted((run.run_dir / "events").glob("replica-*.jsonl"))
+    writers = {f.name: {json.loads(line)["pid"] for line in f.read_text().splitlines() if line.strip()} for f in files}
+    shared = {name: pids for name, pids in writers.items() if len(pids) > 1}
+    assert shared == {}, f"files with more than one writer: {shared}"
+    assert any(name.endswith(".rank-0.jsonl") for name in writers), sorted(writers)
+
+
 def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
     """SIGKILL replica group 1 mid-run; the controller relaunches it, it heals, both finish.
 
@@ -338,9 +352,70 @@ def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
 
     losses = survivor["loss"].tolist()
     assert sum(losses[-3:]) / 3 < sum(losses[:3]) / 3, losses
+    assert_one_writer_per_file(run)
 
     rejoin = healed["t"].min() - fault["t"]
     one_group = survivor[survivor["participants"] == 1]["step_time_s"].median()
     two_groups = survivor[(survivor["participants"] == 2) & survivor["committed"]]["step_time_s"].median()
     print(f"\ntitan cpu: s/step 1 group {one_group:.2f}, 2 groups {two_groups:.2f}; kill->first healed step "
           f"{rejoin:.1f} s; heal transfer {heal['seconds']:.2f} s, {heal['bytes'] / 1e6:.1f} MB")
+
+
+def preempt_group_0(start_run, steps: int, preempt_after: int, **spec):
+    """A titan-cpu run whose group 0 is preempted after ``preempt_after`` steps, waited to its end:
+    the run, the ``fault`` event, and attempt 0's only ``exit`` (which must say preempted)."""
+    run = start_run("titan-cpu", {"steps": steps, "faults": [], "titan.overrides": {"training.seq_len": 128}, **spec})
+    run.wait_for_step(preempt_after, replica=0, timeout=300)
+    assert run.state() not in ("completed", "failed", "stopped"), run.status()
+    fault = run.kill(0, how="preempt")
+    run.wait(timeout=420)
+    assert run.state() == "completed", run.status()
+    ev = run.events()
+    exits = ev[(ev["kind"] == "exit") & (ev["replica"] == 0) & (ev["attempt"] == 0)]
+    assert exits["reason"].tolist() == ["preempted"], exits
+    return run, fault, exits.iloc[0]
+
+
+def test_preempt_one_group_it_checkpoints_exits_preempted_and_heals(start_run):
+    """The ``preempt`` fault (SIGTERM to the group's job) reaches the rank: it ends its step, saves, exits.
+
+    Group 0 (torchft's participating rank 0, the group that writes full
+    checkpoints) is preempted: its attempt 0 reports ``exit`` with
+    ``reason="preempted"`` at a step boundary, after a checkpoint of the step
+    reached; the controller relaunches it (reason preempted), it heals from
+    group 1, and the run completes with group 1 committing every step once.
+    """
+    steps, preempt_after = 30, 5
+    run, fault, end = preempt_group_0(start_run, steps, preempt_after)
+    ev = run.events()
+    first = ev[(ev["replica"] == 0) & (ev["attempt"] == 0)]
+    assert end["t"] > fault["t"] and end["step"] >= preempt_after
+    last_step = first[first["kind"] == "step"].iloc[-1]
+    assert last_step["committed"] and last_step["step"] == end["step"], "it did not stop at a step boundary"
+    saved = first[first["kind"] == "checkpoint"]
+    assert end["titan_step"] in saved["step"].tolist(), saved
+    restarts = ev[(ev["kind"] == "restart") & (ev["replica"] == 0)]
+    assert restarts[["attempt", "reason"]].values.tolist() == [[1, "preempted"]], restarts
+    assert len(ev[(ev["kind"] == "heal") & (ev["replica"] == 0) & (ev["attempt"] == 1)]) == 1
+
+    survivor = _steps(run, 1)
+    committed = survivor[survivor["committed"]]["step"].tolist()
+    assert committed == list(range(committed[0], steps + 1)), survivor[["step", "committed", "participants"]]
+    completed = ev[(ev["kind"] == "exit") & (ev["reason"] == "completed")]
+    assert set(completed["replica"]) == {0, 1}, completed
+    assert_one_writer_per_file(run)
+
+
+def test_preempt_a_two_rank_group_every_rank_stops_at_one_step_and_it_resumes_from_the_checkpoint(start_run):
+    """One group of two ranks: the preemption reaches both (forwarded by the job), they stop at the
+    same step boundary (a rank that went on alone would wait in a collective, and the job would report
+    the rank that failed), save a checkpoint there, and the relaunch resumes from it. Past step 10 it
+    also shows every rank computing the weights checksum (rank 0 alone hung in ``state_dict()``)."""
+    steps = 20
+    run, _, end = preempt_group_0(start_run, steps, 5, replicas=1, min_replicas=1, nproc_per_replica=2)
+    ev = run.events()
+    first = ev[(ev["replica"] == 0) & (ev["attempt"] == 0)]
+    assert end["titan_step"] in first[first["kind"] == "checkpoint"]["step"].tolist()
+    resumed = _steps(run, 0, attempt=1)  # torchtitan's step resumes from the checkpoint; torchft's restarts at 1
+    assert resumed["titan_step"].tolist() == list(range(int(end["titan_step"]) + 1, steps + 1)), resumed
+    assert_one_writer_per_file(run)

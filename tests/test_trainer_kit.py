@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from workbench.trainers import REGISTRY, load, trainer_kind, trainer_names
-from workbench.trainers.kit import CheckpointLayout, StopRequest, weights_checksum
+from workbench.trainers.kit import CheckpointLayout, StopRequest, hold_stop_signals, weights_checksum
 
 
 def test_trainers_package_imports_without_torch():
@@ -90,3 +90,68 @@ def test_a_stop_signal_is_a_preemption_the_loop_sees(sig):
     finally:
         stop.restore()
     assert signal.getsignal(sig) is before
+
+
+def test_a_stop_signal_sent_while_a_child_starts_reaches_its_handler():
+    """A child started with the stop signals held (how titan starts its ranks) is not killed by a
+    SIGTERM that comes before its interpreter has a handler: it sees it once it has one."""
+    code = ("from workbench.trainers.kit import StopRequest, release_stop_signals\n"
+            "stop = StopRequest()\nrelease_stop_signals()\nprint(stop.reason)")
+    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
+                             preexec_fn=hold_stop_signals)
+    child.send_signal(signal.SIGTERM)  # the child has exec'd, its handler is far off
+    out, _ = child.communicate(timeout=60)
+    assert (child.returncode, out.strip()) == (0, "preempted")
+
+
+def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first():
+    """Three ranks, a barrier at each step's end (torchft's should_commit), a real TCPStore: ranks 1
+    and 2 get the signal at step 2, rank 0 only at step 5 and after the others have passed that
+    boundary. Every rank stops at the same boundary (none is left waiting in the barrier)."""
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    import torch.distributed as dist
+
+    from workbench.trainers.group_stop import GroupStop
+
+    master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    world = 3
+    requests = [StopRequest() for _ in range(world)]
+    step_end = threading.Barrier(world)
+    passed_5 = [threading.Event() for _ in range(world)]
+
+    def rank(r: int):
+        group = GroupStop(requests[r], r, world, store=lambda: dist.TCPStore(
+            "127.0.0.1", master.port, is_master=False, wait_for_workers=False))
+        for boundary in range(50):
+            if r == 0 and boundary == 5:
+                for e in passed_5[1:]:
+                    assert e.wait(timeout=30)
+                requests[0].reason = "preempted"
+            if r != 0 and boundary == 2:
+                requests[r].reason = "preempted"
+            stop = group.at_boundary()
+            if boundary == 5:
+                passed_5[r].set()
+            if stop:
+                return boundary, group.reason
+            step_end.wait(timeout=30)
+        return None
+
+    try:
+        with ThreadPoolExecutor(world) as pool:
+            stopped = [f.result() for f in [pool.submit(rank, r) for r in range(world)]]
+    finally:
+        for request in reversed(requests):
+            request.restore()
+    assert stopped == [(6, "preempted")] * world
+
+    alone = StopRequest()
+    try:
+        group = GroupStop(alone, 0, 1)
+        assert not group.at_boundary()
+        alone.reason = "preempted"
+        assert group.at_boundary(), "a group of one stops at the first boundary after its signal"
+    finally:
+        alone.restore()

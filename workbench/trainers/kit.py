@@ -125,6 +125,21 @@ def on_stop_signals(handler: Callable[[int], None]) -> Callable[[], None]:
     return restore
 
 
+def hold_stop_signals() -> None:
+    """Block :data:`STOP_SIGNALS` in this process; one that arrives stays pending, also across ``exec``.
+
+    For a child (``Popen(preexec_fn=...)``) whose handlers exist only once its
+    interpreter has started: until then a SIGTERM would kill it. The child
+    installs its handlers and then calls :func:`release_stop_signals`, which
+    delivers any that arrived meanwhile.
+    """
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+
+
+def release_stop_signals() -> None:
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
 class StopRequest:
     """A planned stop, as a flag the training loop polls between steps: ``reason`` is None or ``"preempted"``."""
 

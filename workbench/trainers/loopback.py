@@ -10,12 +10,17 @@ to be reachable from elsewhere, so the workbench binds each to loopback:
 - lighthouse: ``--bind 127.0.0.1:PORT`` (workbench/lighthouse.py);
 - gloo: ``GLOO_SOCKET_IFNAME=lo``;
 - Manager server: :func:`install` swaps ``[::]`` for ``127.0.0.1`` in the
-  bind address torchft passes to ``ManagerServer``;
+  bind address torchft passes to ``ManagerServer``, and advertises 127.0.0.1;
 - checkpoint server: :class:`LoopbackHTTPServer` replaces torchft's IPv6
   any-address server, and :func:`loopback_address` the advertised address;
 - TCPStores: :func:`loopback_store` hands the store a socket already bound to
-  127.0.0.1 (``master_listen_fd``), and :class:`LoopbackProcessGroupGloo`
-  hosts its rendezvous store that way.
+  127.0.0.1 (``master_listen_fd``), and :func:`loopback_process_group`
+  subclasses a torchft process group to host its rendezvous store that way.
+
+:func:`install` patches torchft's module attributes, so it also covers a
+Manager and process group that someone else builds (torchtitan's
+``TorchFTManager`` calls ``torchft.ProcessGroupGloo(...)`` and
+``torchft.Manager(...)`` without a hostname); call it before they are built.
 
 On a cluster the nodes must reach each other, so none of this applies there;
 docs/security.md says what stays exposed and to whom.
@@ -59,27 +64,32 @@ def loopback_address(transport) -> str:
 
 
 def install() -> None:
-    """Patch torchft so the Manager server and checkpoint server bind loopback."""
+    """Patch torchft so the Manager server, checkpoint server and process groups' stores bind loopback."""
+    import torchft
     import torchft.checkpointing.http_transport as http_transport
     import torchft.manager as manager
 
     http_transport._IPv6HTTPServer = LoopbackHTTPServer
+    http_transport.HTTPTransport.address = loopback_address
     upstream = manager.ManagerServer
     if getattr(upstream, "_workbench_loopback", False):
         return
 
     def loopback_manager_server(*args, bind: str, **kwargs):
-        return upstream(*args, bind=bind.replace("[::]", HOST), **kwargs)
+        return upstream(*args, **{**kwargs, "hostname": HOST}, bind=bind.replace("[::]", HOST))
 
     loopback_manager_server._workbench_loopback = True
     manager.ManagerServer = loopback_manager_server
+    for name in ("ProcessGroupGloo", "ProcessGroupNCCL"):
+        base = getattr(torchft, name, None)
+        if base is not None:
+            setattr(torchft, name, loopback_process_group(base))
 
 
-def loopback_process_group_gloo():
-    """torchft's ProcessGroupGloo whose rendezvous store listens on loopback."""
-    from torchft.process_group import ProcessGroupGloo
+def loopback_process_group(base: type) -> type:
+    """A subclass of the torchft process group ``base`` whose rendezvous store listens on loopback."""
 
-    class LoopbackProcessGroupGloo(ProcessGroupGloo):
+    class LoopbackProcessGroup(base):
         def get_reconfigure_handle(self) -> str:
             if self._rendezvous_store is None:
                 self._rendezvous_store = loopback_store()
@@ -91,4 +101,12 @@ def loopback_process_group_gloo():
                 }
             )
 
-    return LoopbackProcessGroupGloo
+    LoopbackProcessGroup.__name__ = LoopbackProcessGroup.__qualname__ = f"Loopback{base.__name__}"
+    return LoopbackProcessGroup
+
+
+def loopback_process_group_gloo():
+    """torchft's ProcessGroupGloo whose rendezvous store listens on loopback."""
+    from torchft.process_group import ProcessGroupGloo
+
+    return loopback_process_group(ProcessGroupGloo)

@@ -22,7 +22,8 @@ OWNED_KEYS = ("run_name", "base_output_directory", "metrics_file", "steps")
 
 # Runs in .venv-maxtext, which cannot import workbench (hence its own PR_SET_PDEATHSIG, not kit.die_with_parent):
 # tie the child's life to the wrapper, leave SIGUSR2 to it, report compile-cache hits/misses, give JAX's
-# preemption service a coordinator, then run MaxText's trainer.
+# preemption service a coordinator, then run MaxText's trainer. That coordinator serves this one process:
+# it listens on 127.0.0.1 (JAX's default bind address is [::], every interface).
 LAUNCHER = r"""
 import ctypes, json, os, runpy, signal, socket, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -41,7 +42,8 @@ if os.environ.get("WORKBENCH_LOCAL_COORDINATOR") == "1":
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0)
+    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0,
+                               coordinator_bind_address=f"127.0.0.1:{port}")
 runpy.run_module(os.environ["WORKBENCH_MAXTEXT_MODULE"], run_name="__main__", alter_sys=True)
 """
 

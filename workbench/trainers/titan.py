@@ -6,9 +6,21 @@ config into torchtitan flags, and starts ``nproc_per_replica`` rank processes
 of :mod:`.titan_rank`, like ``torchrun`` does: the job process hosts the
 group's TCPStore (``TORCHELASTIC_USE_AGENT_STORE``) and every rank dies with
 the job (``PR_SET_PDEATHSIG``), so killing the job's PID kills the replica
-group. It writes ``start`` before the ranks exist and, if they fail, ``exit``
-with ``reason="error"`` after they are gone; never while they write. Rank 0
-of the group writes every other event of the replica (see :mod:`.titan_rank`).
+group. It writes ``start`` and, if the ranks fail, ``exit`` with
+``reason="error"`` to the replica's file; rank 0 of the group writes every
+other event of the replica to a file of its own,
+``replica-<r>.attempt-<a>.rank-0.jsonl`` (one writer per file; see
+:mod:`.titan_rank`).
+
+A preemption signal (SIGTERM locally, SIGUSR2 on Slurm: what the ``preempt``
+fault sends to this process) is forwarded to every rank; the ranks stop
+together at a step boundary (:mod:`.group_stop`) and rank 0 reports ``exit``
+with ``reason="preempted"``. Each rank starts with the stop signals held
+pending (:func:`.kit.hold_stop_signals`), so one that arrives while its
+interpreter starts is delivered once its handler exists.
+
+On a local run (``ctx.loopback_only``) the store listens on 127.0.0.1 only and
+the ranks install :mod:`.loopback` (``WORKBENCH_LOOPBACK_ONLY``).
 
 Configs
 -------
@@ -33,7 +45,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .base import JobContext
-from .kit import die_with_parent
+from .kit import die_with_parent, hold_stop_signals, on_stop_signals, signal_pid
 
 CONFIG_DIR = Path(__file__).resolve().parents[2] / "configs"
 RANK_MODULE = "workbench.trainers.titan_rank"
@@ -119,27 +131,65 @@ def llama3_torchft_8b():
 
 # -- the job -----------------------------------------------------------------
 def run(ctx: JobContext) -> None:
-    """The submitit job of one replica group: start the ranks, wait, report failure."""
-    import torch
-
-    from .titan_assets import ensure_assets
-
+    """The submitit job of one replica group: start the ranks, forward a stop to them, wait, report failure."""
     spec = ctx.spec
     nproc = int(spec.get("nproc_per_replica", 1))
-    titan = spec.get("titan") or {}
     writer = ctx.writer()
     writer.emit("start", trainer="titan", role="replica", world_size=nproc)
+    ranks: list[subprocess.Popen] = []
+    stop = _StopForwarder(ranks)
+    restore = on_stop_signals(stop.handle)
+    try:
+        _run_ranks(ctx, nproc, writer, ranks, stop)
+    finally:
+        restore()
+        writer.close()
+
+
+def _run_ranks(ctx: JobContext, nproc: int, writer, ranks: list[subprocess.Popen], stop: "_StopForwarder") -> None:
+    import torch
+
+    from . import loopback
+    from .titan_assets import ensure_assets
+
     try:
         argv = job_flags(ctx, ensure_assets())
     except Exception as e:
         writer.emit("exit", reason="error", step=None, error=f"{type(e).__name__}: {e}")
         raise
-    store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    if stop.signum is not None:
+        writer.emit("exit", reason="preempted", step=None)
+        return
+    if ctx.loopback_only:
+        store = loopback.loopback_store()
+    else:
+        store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    env = rank_env(ctx, nproc, store.port)
+    for rank in range(nproc):
+        ranks.append(subprocess.Popen(
+            [sys.executable, "-m", RANK_MODULE, *argv],
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)},
+            stdin=subprocess.DEVNULL, preexec_fn=functools.partial(_rank_preexec, os.getpid()),
+        ))
+    if stop.signum is not None:
+        stop.forward()  # it came while the ranks were being started
+    failed = _wait_all(ranks)
+    if failed is not None:
+        error = f"rank {failed[0]} exited with {failed[1]}"
+        writer.emit("exit", reason="error", step=None, error=error)
+        raise RuntimeError(f"titan replica {ctx.replica}: {error}")
+
+
+def rank_env(ctx: JobContext, nproc: int, store_port: int) -> dict[str, str]:
+    """The environment every rank of the group shares (``RANK`` and friends are added per rank)."""
+    import torch
+
+    spec = ctx.spec
     env = {
         **os.environ,
         **OFFLINE_ENV,
         "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(store.port),
+        "MASTER_PORT": str(store_port),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
         "WORLD_SIZE": str(nproc),
         "LOCAL_WORLD_SIZE": str(nproc),
@@ -150,6 +200,7 @@ def run(ctx: JobContext) -> None:
         "WORKBENCH_ATTEMPT": str(ctx.attempt),
         "WORKBENCH_HEARTBEAT_S": str(spec.get("heartbeat_s", 1.0)),
         "WORKBENCH_CHECKSUM_EVERY": str(spec.get("checksum_every", 10)),
+        "WORKBENCH_LOOPBACK_ONLY": "1" if ctx.loopback_only else "0",
         "TORCHFT_TIMEOUT_SEC": str(max(1, round(spec["torchft"]["timeout_s"]))),
         "TORCHFT_QUORUM_TIMEOUT_SEC": str(max(1, round(spec["torchft"]["quorum_timeout_s"]))),
         "TORCHFT_QUORUM_RETRIES": str(spec["torchft"]["quorum_retries"]),
@@ -159,22 +210,36 @@ def run(ctx: JobContext) -> None:
         env["TORCHFT_LIGHTHOUSE"] = ctx.lighthouse_addr
     if ctx.loopback_only:
         env.setdefault("GLOO_SOCKET_IFNAME", "lo")
+        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
     if not torch.accelerator.is_available():
-        env["OMP_NUM_THREADS"] = str(titan.get("threads", 1))
-    ranks = []
-    for rank in range(nproc):
-        rank_env = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)}
-        ranks.append(subprocess.Popen(
-            [sys.executable, "-m", RANK_MODULE, *argv], env=rank_env, stdin=subprocess.DEVNULL,
-            preexec_fn=functools.partial(die_with_parent, os.getpid()),
-        ))
-    failed = _wait_all(ranks)
-    if failed is not None:
-        error = f"rank {failed[0]} exited with {failed[1]}"
-        writer.emit("exit", reason="error", step=None, error=error)
-        writer.close()
-        raise RuntimeError(f"titan replica {ctx.replica}: {error}")
-    writer.close()
+        env["OMP_NUM_THREADS"] = str((spec.get("titan") or {}).get("threads", 1))
+    return env
+
+
+def _rank_preexec(parent_pid: int) -> None:
+    hold_stop_signals()
+    die_with_parent(parent_pid)
+
+
+class _StopForwarder:
+    """Records the first stop signal the job gets and sends it on to every rank started so far.
+
+    It runs as a signal handler on the job's main thread: it only records and
+    calls ``kill(2)``; the events are written by the ranks.
+    """
+
+    def __init__(self, ranks: list[subprocess.Popen]) -> None:
+        self.ranks = ranks
+        self.signum: Optional[int] = None
+
+    def handle(self, signum: int) -> None:
+        self.signum = self.signum or signum
+        self.forward()
+
+    def forward(self) -> None:
+        for p in list(self.ranks):
+            if p.returncode is None:
+                signal_pid(p.pid, self.signum)
 
 
 def _wait_all(ranks: list[subprocess.Popen]) -> Optional[tuple[int, int]]:
@@ -195,4 +260,3 @@ def _wait_all(ranks: list[subprocess.Popen]) -> Optional[tuple[int, int]]:
             ranks[codes.index(None)].wait(timeout=0.5)
         except subprocess.TimeoutExpired:
             pass
-

@@ -3,9 +3,29 @@
 :func:`.titan.run` starts ``nproc_per_replica`` of these per group. Each
 applies the CPU patches when there is no accelerator, installs
 :class:`TitanEvents`, and calls torchtitan's own ``train.main()``. Rank 0 of
-the group writes the replica's events: ``phase``, ``step``, ``heal``,
-``checkpoint``, ``heartbeat``, torchft's ``quorum``/``commit`` records, and
-``exit`` with ``reason="completed"`` when torchtitan finished its target step.
+the group writes the replica's events, to ``replica-<r>.attempt-<a>.rank-0.jsonl``
+(the job process owns ``replica-<r>.attempt-<a>.jsonl``): ``phase``, ``step``,
+``heal``, ``checkpoint``, ``heartbeat``, torchft's ``quorum``/``commit``
+records, and ``exit`` with ``reason="completed"`` when torchtitan finished its
+target step.
+
+Preemption
+----------
+A stop signal (SIGTERM, SIGUSR2; forwarded by the job, or from Slurm) sets a
+flag (:class:`.kit.StopRequest`). At each step boundary (torchtitan's
+``should_continue_training``, after the step's own checkpoint) the group
+decides together where to stop (:class:`.group_stop.GroupStop`); there every
+rank saves a checkpoint of the step reached (torchtitan's, unless its interval
+just saved it; torchft has only the participating rank 0 group write the full
+one), rank 0 writes ``exit`` with ``reason="preempted"``, and the rank exits 0.
+The controller relaunches the group, which heals from a live peer (or
+restores that checkpoint).
+
+Local runs
+----------
+With ``WORKBENCH_LOOPBACK_ONLY=1`` (the job's ``loopback_only``) the rank
+installs :mod:`.loopback` before torchtitan builds torchft's Manager and
+process group, so their servers and stores listen on 127.0.0.1 only.
 
 Healing: three upstream problems, guarded here
 ----------------------------------------------
@@ -46,7 +66,8 @@ from typing import Any, Optional
 
 from ..events import EventWriter, TorchftLogHandler
 from ..rundir import dir_bytes
-from .kit import Heartbeat, state_bytes, weights_checksum
+from .group_stop import GroupStop
+from .kit import Heartbeat, StopRequest, release_stop_signals, state_bytes, weights_checksum
 
 
 def _peak_mem_gb() -> float:
@@ -78,13 +99,17 @@ class TitanEvents:
     - ``train_step``: time it and emit the ``step`` event.
     - ``MetricsProcessor.log``: the loss torchtitan computed for the step.
     - ``TorchFTCheckpointManager._save``: ``checkpoint`` events.
+    - ``should_continue_training``: the step boundary where a planned stop
+      (``group_stop``) is taken.
 
     Only rank 0 of the group writes (``writer`` is None elsewhere); the guard
     runs on every rank.
     """
 
-    def __init__(self, writer: Optional[EventWriter], heartbeat_s: float = 1.0, checksum_every: int = 10) -> None:
+    def __init__(self, writer: Optional[EventWriter], heartbeat_s: float = 1.0, checksum_every: int = 10,
+                 group_stop: Optional[GroupStop] = None) -> None:
         self.writer = writer
+        self.group_stop = group_stop
         self.heartbeat_s = heartbeat_s
         self.checksum_every = max(1, checksum_every)
         self.t_start = time.time()
@@ -104,9 +129,9 @@ class TitanEvents:
         from torchtitan.experiments.torchft.trainer import FaultTolerantTrainer
 
         hooks = self
-        init, train_step, fwd_bwd = (
+        init, train_step, fwd_bwd, should_continue = (
             FaultTolerantTrainer.__init__, FaultTolerantTrainer.train_step,
-            FaultTolerantTrainer.forward_backward_step,
+            FaultTolerantTrainer.forward_backward_step, FaultTolerantTrainer.should_continue_training,
         )
         log_metrics, save = MetricsProcessor.log, TorchFTCheckpointManager._save
 
@@ -118,6 +143,13 @@ class TitanEvents:
             hooks._step_state = {"t0": time.perf_counter(), "guarded": False}
             train_step(trainer, data_iterator)
             hooks._after_step()
+
+        def should_continue_training(trainer):
+            if not should_continue(trainer):
+                return False
+            if hooks.group_stop is not None and hooks.group_stop.at_boundary():
+                hooks._stop()
+            return True
 
         def forward_backward_step(trainer, *args, **kwargs):
             if not hooks._step_state.get("guarded", True):
@@ -144,6 +176,7 @@ class TitanEvents:
         FaultTolerantTrainer.__init__ = __init__
         FaultTolerantTrainer.train_step = train_step_hook
         FaultTolerantTrainer.forward_backward_step = forward_backward_step
+        FaultTolerantTrainer.should_continue_training = should_continue_training
         MetricsProcessor.log = log
         TorchFTCheckpointManager._save = _save
         return self
@@ -201,9 +234,9 @@ class TitanEvents:
             manager._healing = False
             self._sync_lr_to_scheduler()
             self._step_state["healed"] = True
+            weights = self._weights()
             self.emit("heal", **self._heal, apply_seconds=time.perf_counter() - t0,
-                      titan_step=self.trainer.step,
-                      forward_weights=self._weights() if self.writer is not None else None)
+                      titan_step=self.trainer.step, forward_weights=weights)
 
     def _sync_lr_to_scheduler(self) -> None:
         """Set each param group's lr to the received scheduler's (problem 3 above)."""
@@ -213,6 +246,8 @@ class TitanEvents:
                 group["lr"] = lr
 
     def _weights(self) -> str:
+        """This rank's checksum. Every rank of the group computes it at the same point, not only rank 0:
+        torchtitan's model ``state_dict()`` is a collective with more than one rank (rank 0 alone hung there)."""
         return weights_checksum(self.trainer.checkpointer.states["model"].state_dict())
 
     def _after_step(self) -> None:
@@ -223,7 +258,7 @@ class TitanEvents:
         step = manager.current_step()
         if self._heartbeat is not None:
             self._heartbeat.step = step
-        if self.writer is not None and s.get("committed") and step % self.checksum_every == 0:
+        if s.get("committed") and step % self.checksum_every == 0:
             s["weights"] = self._weights()
         self.emit(
             "step", step=step, loss=s.get("loss", s.get("local_loss")), local_loss=s.get("local_loss"),
@@ -232,6 +267,25 @@ class TitanEvents:
             step_time_s=dt, tokens_per_s=tokens / dt if dt else None, mem_gb=_peak_mem_gb(),
             titan_step=trainer.step, grad_norm=s.get("grad_norm"), weights=s.get("weights"),
         )
+
+    def _stop(self) -> None:
+        """The group's planned stop, at a step boundary on every rank: checkpoint, ``exit``, leave."""
+        trainer, manager = self.trainer, self.manager
+        checkpointer = trainer.checkpointer
+        if checkpointer.enable and trainer.step > 0 and trainer.step % checkpointer.interval:
+            checkpointer._should_save = lambda curr_step, last_step=False: True  # this once, off the interval
+            try:
+                checkpointer.save(trainer.step)
+            finally:
+                del checkpointer._should_save
+        checkpointer.maybe_wait_for_saving()
+        if self._heartbeat is not None:
+            self._heartbeat.stop()
+        self.emit("exit", reason=self.group_stop.reason or "preempted", step=manager.current_step(),
+                  titan_step=trainer.step)
+        if self.writer is not None:
+            self.writer.close()
+        _leave()
 
     def finish(self) -> None:
         trainer, manager = self.trainer, self.manager
@@ -249,19 +303,25 @@ class TitanEvents:
 def rank_main(argv: list[str]) -> None:
     """One rank of a replica group: patch (CPU), hook, run torchtitan's train main."""
     t0 = time.time()
+    stop = StopRequest()
+    release_stop_signals()  # the job started this rank with them held: one sent meanwhile arrives now
     from . import titan_cpu
 
     if titan_cpu.needed():
         titan_cpu.apply()
+    if os.environ.get("WORKBENCH_LOOPBACK_ONLY") == "1":
+        from . import loopback
+
+        loopback.install()
+    rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     writer = None
-    if os.environ.get("RANK", "0") == "0" and os.environ.get("WORKBENCH_RUN_DIR"):
-        writer = EventWriter(
-            os.environ["WORKBENCH_RUN_DIR"], f"replica-{os.environ['WORKBENCH_REPLICA']}.attempt-"
-            f"{os.environ['WORKBENCH_ATTEMPT']}", run=os.environ.get("WORKBENCH_RUN_ID"),
-            replica=int(os.environ["WORKBENCH_REPLICA"]), attempt=int(os.environ["WORKBENCH_ATTEMPT"]),
-        )
+    if rank == 0 and os.environ.get("WORKBENCH_RUN_DIR"):
+        replica, attempt = int(os.environ["WORKBENCH_REPLICA"]), int(os.environ["WORKBENCH_ATTEMPT"])
+        writer = EventWriter(os.environ["WORKBENCH_RUN_DIR"], rank_writer_name(replica, attempt, rank),
+                             run=os.environ.get("WORKBENCH_RUN_ID"), replica=replica, attempt=attempt)
     hooks = TitanEvents(writer, float(os.environ.get("WORKBENCH_HEARTBEAT_S", "1.0")),
-                        int(os.environ.get("WORKBENCH_CHECKSUM_EVERY", "10")))
+                        int(os.environ.get("WORKBENCH_CHECKSUM_EVERY", "10")),
+                        group_stop=GroupStop(stop, rank, world_size))
     hooks.t_start = t0
     from torchtitan import train
 
@@ -270,6 +330,15 @@ def rank_main(argv: list[str]) -> None:
     sys.argv = [train.__file__, *argv]
     train.main()
     hooks.finish()
+    _leave()
+
+
+def rank_writer_name(replica: int, attempt: int, rank: int) -> str:
+    """The event file of a rank that writes the replica's events: not the job process's file."""
+    return f"replica-{replica}.attempt-{attempt}.rank-{rank}"
+
+
+def _leave() -> None:
     sys.stdout.flush()
     sys.stderr.flush()
     os._exit(0)  # torchft's manager threads would hold the interpreter open
