@@ -92,3 +92,12 @@ def test_preflight_refuses_a_busy_lighthouse_port():
         port = s.getsockname()[1]
         with pytest.raises(wb.SpecError, match=f"lighthouse.port: 127.0.0.1:{port} is already in use"):
             preflight(load_spec("demo", {"lighthouse.port": port}))
+
+
+def test_one_group_warns_only_where_a_relaunch_has_nothing_to_resume_from():
+    """torchft-lite keeps its state only in live peers; titan restores its own checkpoint."""
+    def warned(config):
+        spec = load_spec(config, {"replicas": 1, "min_replicas": 1, "faults": []})
+        return any("replicas is 1" in w for w in preflight(spec))
+
+    assert warned("demo") and not warned("titan-cpu")

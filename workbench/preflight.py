@@ -67,7 +67,8 @@ def preflight(spec: Spec) -> list[str]:
             "a group that is already heartbeating (a replacement about to ask to join) is left out of the "
             "next quorum and splits off into a later one"
         )
-    if trainer_kind(spec.trainer).elastic and spec.relaunch == "auto" and spec.replicas == 1:
+    kind = trainer_kind(spec.trainer)
+    if kind.elastic and kind.checkpoint_period is None and spec.relaunch == "auto" and spec.replicas == 1:
         warnings.append("replicas is 1: a relaunched group has no live peer to heal from and restarts from scratch")
     for i, f in enumerate(spec.faults):
         if f.at_step is not None and f.at_step >= spec.steps:
