@@ -151,3 +151,18 @@ def test_summary_and_goodput_read_the_same_timeline(tmp_path):
     assert (s["faults"], s["heals"], s["survivor_steps_lost"], s["survivor_steps_discarded"]) == (5, 3, 0, 3)
     assert s == analysis.summary(events, spec)
     assert analysis.goodput(events, spec, timeline) == analysis.goodput(events, spec)
+
+
+def test_the_timeline_figure_keeps_a_readable_plot_area_for_any_number_of_faults():
+    """The figure's height is its margins plus a plot area that grows with the rows: one fault got
+    a strip about two pixels high when the height was fixed and the margins took it."""
+    import pandas as pd
+
+    from workbench.analysis import MILESTONES, timeline_figure
+
+    for n in (1, 3, 40):
+        rows = [{"t": 100.0 + i, "action": "kill", "target": 1, **{m: 1.0 + k for k, m in enumerate(MILESTONES)}}
+                for i in range(n)]
+        layout = timeline_figure(pd.DataFrame(rows)).layout
+        plot_px = layout.height - layout.margin.t - layout.margin.b
+        assert plot_px >= max(160, 36 * n), (n, plot_px)

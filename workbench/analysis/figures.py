@@ -7,6 +7,9 @@ import pandas as pd
 
 from .recovery import MILESTONES
 
+ROW_PX = 36  # plot-area pixels per fault: a bar a person can see and hover
+PLOT_MIN_PX = 160  # the plot area of a one-fault timeline; the height grows with the rows, never the margins
+
 
 def timeline_figure(timeline: pd.DataFrame):
     """A Gantt-like plotly figure: one bar per fault, one segment per recovery phase."""
@@ -20,8 +23,12 @@ def timeline_figure(timeline: pd.DataFrame):
         ends_f = np.where(np.isnan(ends), prev, np.maximum(ends, prev))
         fig.add_bar(y=labels, x=ends_f - prev, base=prev, orientation="h", name=f"→ {name.replace('_', ' ')}")
         prev = ends_f
-    fig.update_layout(barmode="overlay", xaxis_title="seconds after the fault", height=120 + 40 * len(timeline),
-                      title="Recovery timeline", legend_orientation="h")
+    margin = dict(l=150, r=20, t=50, b=120)  # room for the row labels, and for the legend below the axis
+    fig.update_layout(barmode="overlay", xaxis_title="seconds after the fault", title="Recovery timeline",
+                      height=margin["t"] + margin["b"] + max(PLOT_MIN_PX, ROW_PX * len(timeline)), margin=margin,
+                      legend=dict(orientation="h", y=-0.35 * PLOT_MIN_PX / max(PLOT_MIN_PX, ROW_PX * len(timeline)),
+                                  yanchor="top"),
+                      yaxis=dict(autorange="reversed"))
     return fig
 
 
