@@ -9,6 +9,9 @@ PYTEST_ARGS ?=
 
 .PHONY: demo test env lab bench soak clean maxtext-env slurm-pkgs browser-env
 
+# The install steps run apt-get and pip into shared places: never two at once, even under `make -j`.
+.NOTPARALLEL:
+
 env: $(STAMP)
 
 # MaxText needs Python >= 3.12 and runs in its own environment, as in its own container.
@@ -24,6 +27,10 @@ slurm-pkgs:
 	bash scripts/install-slurm.sh
 
 $(STAMP): pyproject.toml requirements-titan.txt
+	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
+		{ echo "make: needs a Python >= 3.11 as PYTHON (now '$(PYTHON)'); set PYTHON=/path/to/python3.11"; exit 1; }
+	@test -x $(PY) || $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
+		{ echo "make: $(PYTHON) cannot create a virtual environment; on Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]" -r requirements-titan.txt "$(TORCH)"
