@@ -32,6 +32,7 @@ import json
 import sys
 
 from . import analysis, faultkinds
+from .cluster import backend_names
 from .run import Run, submit
 
 
@@ -135,7 +136,7 @@ def main(argv=None) -> int:
     p.add_argument("--faults", type=int, default=50)
     p.add_argument("--mtbf", type=float, default=6.0, help="mean seconds between faults")
     p.add_argument("--seed", type=int, default=1)
-    p.add_argument("--cluster", choices=("local", "slurm"), default="local")
+    p.add_argument("--cluster", choices=backend_names(), default="local")
     p.add_argument("--steps", type=int, default=None, help="default: long enough for every fault to land")
     args = p.parse_args(argv)
     steps = args.steps or int((args.faults * args.mtbf + 60) / 0.06)
