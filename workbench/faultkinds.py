@@ -91,10 +91,6 @@ def names(backend: Optional[str] = None) -> list[str]:
     return [k.name for k in KINDS.values() if backend is None or k.supported_on(backend)]
 
 
-def replica_kinds() -> frozenset[str]:
-    return frozenset(k.name for k in KINDS.values() if k.targets == "replica")
-
-
 def ending_kinds() -> frozenset[str]:
     """Kinds after which the target group comes back as a new attempt."""
     return frozenset(k.name for k in KINDS.values() if k.ends_process)

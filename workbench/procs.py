@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import signal
 import socket
 from typing import Optional
 
@@ -108,10 +107,6 @@ class Proc:
     def as_record(self) -> list:
         return [self.pid, self.host, self.started]
 
-    @classmethod
-    def from_record(cls, rec: list) -> "Proc":
-        return cls(int(rec[0]), rec[1], rec[2])
-
 
 def alive(pid: int) -> bool:
     """A PID that exists and is not a zombie (for processes this one started itself)."""
@@ -119,11 +114,3 @@ def alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.Error:
         return False
-
-
-def signal_pid(pid: int, sig: int = signal.SIGKILL) -> None:
-    """Signal a child this process started itself (its PID cannot have been reused)."""
-    try:
-        os.kill(pid, sig)
-    except ProcessLookupError:
-        pass

@@ -55,7 +55,6 @@ class ReplicaView:
     attempt: int = 0
     proc: Optional[Proc] = None
     job_id: Optional[str] = None
-    job_ended: bool = False
     node: Optional[str] = None
     step: Optional[int] = None
     committed_step: int = 0
@@ -111,7 +110,6 @@ class RunState:
         self.started = False
         self.stepped = False
         self.controller: Optional[Proc] = None
-        self.controller_t: Optional[float] = None
         self.lighthouse: Optional[Proc] = None
         self.lighthouse_up = False
         self.lighthouse_procs: list[Proc] = []
@@ -185,14 +183,12 @@ class RunState:
             v.hang = None
             v.proc = v.procs.get(attempt)
             v.job_id = v.jobs.get(attempt, v.job_id)
-            v.job_ended = False
         return v
 
     def _on_start(self, e: dict, t: float) -> None:
         self.started = True
         if e.get("role") == "controller":
             self.controller = Proc.from_event(e)
-            self.controller_t = t
             return
         if e.get("spare") is not None and e.get("replica") is None:
             proc = Proc.from_event(e)
@@ -356,8 +352,6 @@ class RunState:
         attempt = _int(e.get("attempt"))
         v.exited.add(attempt)
         v.ended_jobs.add(attempt)
-        if attempt == v.attempt:
-            v.job_ended = True
         if not e.get("clean", True) and attempt >= v.attempt and v.state not in ("finished", "stopped"):
             v.state = "dead"
             v.dead_attempt = max(v.dead_attempt, attempt)
