@@ -64,8 +64,9 @@ def record(payload: dict, t: float) -> None:
     from .spec import Spec
 
     run_dir = Path(payload["run_dir"])
-    spec = Spec.model_validate(read_record(run_dir)["spec"])
+    record = read_record(run_dir)
+    spec = Spec.model_validate(record["spec"])
     extra = make_cluster(spec, run_dir).undo(payload) or {}
     fields = {"t": t, "action": "resume", "resumed": payload["kind"], "origin": "schedule",
               **payload["fields"], **extra}
-    control_writer(run_dir, spec_run_id=read_record(run_dir)["run_id"]).emit("fault", **fields)
+    control_writer(run_dir, spec_run_id=record["run_id"]).emit("fault", **fields)
