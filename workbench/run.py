@@ -24,7 +24,7 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from . import analysis, cluster, detached, faultkinds, faults, rundir, schedule
-from .events import EventReader, EventWriter, to_frame
+from .events import EventReader, to_frame
 from .runstate import TERMINAL, RunState
 from .spec import Spec, SpecError
 from .spec_load import load_spec
@@ -194,7 +194,7 @@ class Run:
             if detached.stop(ctl, lambda: self.state() in TERMINAL and not self.pids(), timeout):
                 return self.status()
         skipped = self.cluster.stop_all(self.run_state)
-        EventWriter(self.run_dir, f"control-{os.getpid()}", run=self.id).emit(
+        faults.control_writer(self.run_dir, self.id).emit(
             "run_end", state="stopped", reason="controller unreachable; processes killed",
             not_signalled=skipped or None,
         )
