@@ -53,17 +53,17 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
         if result.returncode != 0:
             raise FaultError(f"{kind.name}: `{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()}")
 
-    later = dict(env=client_env(conf), fields={"target": view.replica})
+    env = client_env(conf)
+    node_fields = {"target": node, "node": node, "replica_hit": view.replica}  # a node's undo names the node
     if kind.pauses_process:
         run_or_fail("scancel", "--signal=STOP", job_id)
         undo_helper.later(cluster.run_dir, kind.name, seconds, argv=["scancel", "--signal=CONT", job_id],
-                          **{**later, "fields": {"target": view.replica, "job_id": job_id}})
+                          env=env, fields={"target": view.replica, "job_id": job_id})
     elif kind.name == "node_down":
         run_or_fail("scontrol", "update", f"NodeName={node}", "State=DOWN",
                     f"Reason=workbench fault ({origin}) on replica {view.replica}")
         undo_helper.later(cluster.run_dir, kind.name, seconds,
-                          argv=["scontrol", "update", f"NodeName={node}", "State=RESUME"],
-                          **{**later, "fields": {"target": node, "node": node, "replica_hit": view.replica}})
+                          argv=["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, fields=node_fields)
     elif kind.name == "slurmd_kill":
         from ..devcluster import DevClusterError, slurmd_pid
 
@@ -72,8 +72,7 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
         except DevClusterError as e:
             raise FaultError(f"slurmd_kill: {e}") from None
         os.kill(pid, signal.SIGKILL)
-        undo_helper.later(cluster.run_dir, kind.name, seconds, always=True,
-                          **{**later, "fields": {"target": node, "node": node, "replica_hit": view.replica}})
+        undo_helper.later(cluster.run_dir, kind.name, seconds, always=True, env=env, fields=node_fields)
     elif kind.signal is not None:
         run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", "--full", job_id)
     else:
