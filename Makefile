@@ -7,7 +7,7 @@ TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lab bench soak clean maxtext-env slurm-pkgs browser-env
+.PHONY: demo test env lab bench soak clean maxtext-env slurm-pkgs browser-env prometheus-pkg
 
 # The install steps run apt-get and pip into shared places: never two at once, even under `make -j`.
 .NOTPARALLEL:
@@ -26,6 +26,10 @@ browser-env: $(STAMP)
 slurm-pkgs:
 	bash scripts/install-slurm.sh
 
+# Debian's Prometheus server, which the metrics test starts to scrape `workbench serve-metrics`.
+prometheus-pkg:
+	bash scripts/install-prometheus.sh
+
 $(STAMP): pyproject.toml requirements-titan.txt
 	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
 		{ echo "make: needs a Python >= 3.11 as PYTHON (now '$(PYTHON)'); set PYTHON=/path/to/python3.11"; exit 1; }
@@ -39,7 +43,7 @@ $(STAMP): pyproject.toml requirements-titan.txt
 demo: $(STAMP)
 	$(VENV)/bin/workbench demo
 
-test: $(STAMP) maxtext-env slurm-pkgs browser-env
+test: $(STAMP) maxtext-env slurm-pkgs browser-env prometheus-pkg
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on the notebooks, loopback only; it prints the URL with its token. No news or update

@@ -120,6 +120,29 @@ def cmd_metrics(args) -> int:
     return 0
 
 
+def cmd_serve_metrics(args) -> int:
+    """Serve the run's metrics for Prometheus until SIGINT/SIGTERM."""
+    import signal
+    import threading
+
+    from . import exporter
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: {args.port}; allowed: 0-65535 (0: any free port)")
+    run = attach(args.run)
+    try:
+        server, _ = exporter.serve(run, args.port, args.addr)
+    except OSError as e:
+        raise ValueError(f"--port: cannot listen on {args.addr}:{args.port} ({e.strerror or e})") from None
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    print(f"serving metrics of {run.id} on http://{args.addr}:{server.server_port}/metrics", flush=True)
+    done.wait()
+    server.shutdown()
+    return 0
+
+
 def cmd_summary(args) -> int:
     summary = attach(args.run).summary()
     _print_summary(summary)
@@ -283,6 +306,12 @@ def build_parser() -> argparse.ArgumentParser:
                                     for k in faultkinds.KINDS.values()))
     s.add_argument("--seconds", type=float, default=None, help="how long a fault that lasts lasts (a hang: 5 s)")
     s.set_defaults(fn=cmd_kill)
+
+    s = sub.add_parser("serve-metrics", help="expose a run's metrics for Prometheus (loopback by default)")
+    s.add_argument("run")
+    s.add_argument("--port", type=int, default=9464, help="TCP port (default 9464; 0: any free port, printed)")
+    s.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.set_defaults(fn=cmd_serve_metrics)
 
     s = sub.add_parser("report", help="write a self-contained HTML report into a run (or sweep) directory")
     s.add_argument("run")

@@ -65,6 +65,8 @@ class ReplicaView:
     mem_gb: Optional[float] = None
     hosts: list = dataclasses.field(default_factory=list)
     restarts: int = 0
+    heals: int = 0
+    faults: int = 0  # injected into this group (a resume is none)
     steps_lost: int = 0
     diverged_at: Optional[int] = None  # the first step whose loss was NaN or infinite
     dead_attempt: int = -1
@@ -296,6 +298,9 @@ class RunState:
 
     def _on_heal(self, e: dict, t: float) -> None:
         self.heals += 1
+        group = self.view(e.get("replica"))
+        if group is not None:
+            group.heals += 1
         v = self._own(e)
         if v is not None:
             v.state = "healing"
@@ -308,6 +313,8 @@ class RunState:
         v = self.view(e.get("target")) if e.get("target") != "lighthouse" else None
         if v is None:
             return
+        if action != faultkinds.RESUME:
+            v.faults += 1
         k = faultkinds.kind(action)
         if k is not None and k.ends_process:
             v.state = k.state_after or "dead"
