@@ -9,6 +9,7 @@ the same figures. One concept per module:
   heal, steps lost), which every other view reads instead of re-deriving it;
 - ``summary``: a run's headline figures, derived from the timeline;
 - ``goodput``: useful work against the run's own fault-free rate;
+- ``goodput_vocabulary``: its badput causes as ``ml-goodput-measurement``'s ``BadputType``;
 - ``figures``: plotly figures of the timeline and of goodput.
 
 Where a run stands now (its state, each group's process) is the run-state
@@ -22,12 +23,14 @@ from __future__ import annotations
 
 from .figures import goodput_figure, timeline_figure
 from .goodput import BADPUT_PARTS, goodput
+from .goodput_vocabulary import BADPUT_TYPES, badput_by_type, badput_vocabularies
 from .metrics import STEP_COLUMNS, max_committed_step, metrics_frame
 from .recovery import MILESTONES, ends_process, recovery_timeline
 from .summary import counts, summary, survivor_steps
 
 __all__ = [
-    "BADPUT_PARTS", "MILESTONES", "STEP_COLUMNS", "counts", "ends_process", "goodput", "goodput_figure",
+    "BADPUT_PARTS", "BADPUT_TYPES", "MILESTONES", "STEP_COLUMNS", "badput_by_type", "badput_vocabularies", "counts",
+    "ends_process", "goodput", "goodput_figure",
     "max_committed_step", "metrics_frame", "recovery_timeline", "summary", "survivor_steps", "timeline_figure",
 ]
 
