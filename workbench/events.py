@@ -50,6 +50,7 @@ KINDS = (
     "step",
     "quorum",
     "commit",
+    "torchft_error",
     "heal",
     "checkpoint",
     "fault",
@@ -191,33 +192,3 @@ def to_frame(events: Iterable[dict]):
     if df.empty:
         return pd.DataFrame(columns=["t", "kind", "run", "replica", "attempt", "host", "pid"])
     return df.sort_values("t", kind="stable").reset_index(drop=True)
-
-
-class TorchftLogHandler(logging.Handler):
-    """Turns torchft's structured loggers into events.
-
-    torchft's Manager logs one record per quorum change on ``torchft_quorums``
-    and one per ``should_commit`` on ``torchft_commits``, with the fields in the
-    record's ``extra`` (``quorum_id``, ``step``, ``commit_result``...).
-    """
-
-    FIELDS = ("quorum_id", "step", "commit_result", "rank")
-
-    def __init__(self, writer: EventWriter) -> None:
-        super().__init__(logging.INFO)
-        self.writer = writer
-
-    def emit(self, record: logging.LogRecord) -> None:
-        kind = {"torchft_quorums": "quorum", "torchft_commits": "commit"}.get(record.name)
-        if kind is None:
-            return
-        fields = {k: getattr(record, k) for k in self.FIELDS if hasattr(record, k)}
-        self.writer.emit(kind, **fields)
-
-    def install(self) -> "TorchftLogHandler":
-        for name in ("torchft_quorums", "torchft_commits"):
-            logger = logging.getLogger(name)
-            logger.setLevel(logging.INFO)
-            logger.addHandler(self)
-            logger.propagate = False
-        return self

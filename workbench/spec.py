@@ -71,6 +71,7 @@ class TorchftSpec(_Section):
     quorum_retries: int = Field(20, ge=0, le=1000)
     heartbeat_interval_ms: int = Field(100, ge=10, le=10_000)
     use_async_quorum: bool = True
+    structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
 
 
 class ModelSpec(_Section):

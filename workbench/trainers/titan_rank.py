@@ -64,10 +64,11 @@ import sys
 import time
 from typing import Any, Optional
 
-from ..events import EventWriter, TorchftLogHandler
+from ..events import EventWriter
 from ..rundir import dir_bytes
 from .group_stop import GroupStop
 from .kit import Heartbeat, StopRequest, release_stop_signals, state_bytes, weights_checksum
+from .torchft_logs import TorchftLogHandler
 
 
 def _peak_mem_gb() -> float:
@@ -118,6 +119,7 @@ class TitanEvents:
         self._step_state: dict = {}
         self._heal: dict = {}
         self._heartbeat: Optional[Heartbeat] = None
+        self._log: Optional[TorchftLogHandler] = None
 
     def emit(self, kind: str, **fields: Any) -> None:
         if self.writer is not None:
@@ -203,9 +205,10 @@ class TitanEvents:
 
         def should_commit_hook(*args, **kwargs):
             committed = should_commit(*args, **kwargs)
+            record = hooks._log.last_commit if hooks._log is not None else None  # the vote, as torchft logged it
             hooks._step_state.update(
                 committed=bool(committed), participating=bool(manager.is_participating()),
-                participants=manager.num_participants(), quorum_id=manager._quorum_id,
+                participants=manager.num_participants(), quorum_id=record["quorum_id"] if record else None,
             )
             if not committed:
                 trainer.step -= 1  # torchtitan counts iterations; retry this step's number
@@ -219,7 +222,7 @@ class TitanEvents:
         manager.should_commit = should_commit_hook
         trainer.lr_schedulers.step = lr_schedulers_step
         if self.writer is not None:
-            TorchftLogHandler(self.writer).install()
+            self._log = TorchftLogHandler(self.writer).install()
             self._heartbeat = Heartbeat(self.writer, self.heartbeat_s)
             self._heartbeat.start()
         self.emit("phase", phase="manager_ready", seconds=time.time() - self.t_start,

@@ -46,17 +46,17 @@ def run(ctx: JobContext) -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from ..events import TorchftLogHandler
     from . import loopback, quorum_epochs
+    from .torchft_logs import TorchftLogHandler
 
     local = ctx.loopback_only
     if local:
         loopback.install()
-    log_handler = TorchftLogHandler(writer).install()
+    tf = spec["torchft"]
+    log_handler = TorchftLogHandler(writer).install() if tf.get("structured_logs", True) else None
     writer.emit("phase", phase="imports_done", seconds=time.time() - t_start)
 
     m = spec["model"]
-    tf = spec["torchft"]
     torch.manual_seed(spec["seed"])
     model = build_model(m)
     inner_opt = torch.optim.AdamW(model.parameters(), lr=m["lr"])
@@ -108,7 +108,8 @@ def run(ctx: JobContext) -> None:
             os._exit(0)
         writer.close()
         writer = ctx.writer()
-        log_handler.writer = writer
+        if log_handler is not None:
+            log_handler.writer = writer
         t_assigned = time.time()
         writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, from_spare=spare_id, **ctx.placement())
         writer.emit("phase", phase="imports_done", seconds=0.0, from_spare=spare_id)
@@ -165,10 +166,14 @@ def run(ctx: JobContext) -> None:
             dt = time.perf_counter() - t0
             beat.step = step
             if emit_steps:
+                # The vote and its quorum as torchft logged them; by hand only with the route off.
+                commit = log_handler.take_commit() if log_handler is not None else None
+                committed, quorum_id = ((commit["commit_result"], commit["quorum_id"]) if commit is not None
+                                        else (step > step_before, manager._quorum_id))
                 fields = dict(
-                    step=step, loss=float(loss.item()), committed=bool(step > step_before),
+                    step=step, loss=float(loss.item()), committed=bool(committed),
                     participating=bool(manager.is_participating()), participants=manager.num_participants(),
-                    quorum_id=manager._quorum_id, step_time_s=dt, tokens_per_s=tokens / dt if dt else None,
+                    quorum_id=quorum_id, step_time_s=dt, tokens_per_s=tokens / dt if dt else None,
                     batch_seed=[spec["seed"], step_before, ctx.replica],
                 )
                 if step % checksum_every == 0 or step >= steps:
