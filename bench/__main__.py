@@ -3,7 +3,8 @@
 Order: the fault-free comparison (torchft-lite, ddp-restart and, in full mode,
 torchft-lite without step events, interleaved), torchft-lite kill recovery
 (full mode), the kill-every-period comparison (torchft-lite and ddp-restart,
-interleaved), then the event pipeline. The process renices itself (and so
+interleaved), torchft's structured logs routed on / off (interleaved), then the
+event pipeline. The process renices itself (and so
 every run it starts) by 10: the machine is shared.
 """
 
@@ -18,16 +19,18 @@ import time
 import warnings
 from pathlib import Path
 
-from . import machine, pipeline, recovery, report, sessions
+from . import machine, pipeline, recovery, report, sessions, torchft_logs
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
 
 # Full / quick settings: fault-free window and repetitions, kill-recovery run, kill period.
 FULL = dict(clean_window_s=30.0, clean_reps=3, writer_ab=True, recovery_window_s=75.0, recovery_every_s=12.5,
-            kill_every_s=60.0, kill_window_s=180.0, checkpoint_every_s=10.0)
+            kill_every_s=60.0, kill_window_s=180.0, checkpoint_every_s=10.0,
+            log_route_reps=3, log_route_window_s=20.0)
 QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window_s=0.0, recovery_every_s=0.0,
-             kill_every_s=20.0, kill_window_s=40.0, checkpoint_every_s=5.0)
+             kill_every_s=20.0, kill_window_s=40.0, checkpoint_every_s=5.0,
+             log_route_reps=1, log_route_window_s=10.0)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,6 +67,7 @@ def main(argv: list[str] | None = None) -> int:
         every, window = cfg["kill_every_s"], cfg["kill_window_s"]
         faulted = sessions.interleaved(
             [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])], 1, window, root)
+        log_route = torchft_logs.measure(cfg["log_route_reps"], cfg["log_route_window_s"], root)
     torchft_faulted = [r for r in kill_runs + faulted if r.spec.trainer == "torchft-lite"]
 
     results = {
@@ -76,6 +80,7 @@ def main(argv: list[str] | None = None) -> int:
         "startup": recovery.startup(clean + kill_runs + faulted),
         "writer_ab": recovery.writer_ab(clean),
         "breakeven": report.breakeven_of(clean, faulted),
+        "log_route": log_route,
     }
     ft_steps = results["throughput"].query("variant == 'torchft-lite'")["median_step_time_s"].dropna()
     results["pipeline"] = pipeline.run_all(args.quick, img, float(ft_steps.median()) if len(ft_steps) else None)

@@ -305,6 +305,10 @@ def write(res: dict, out: Path, img: Path) -> None:
         elif d:
             lines.append(f"- dashboard at {d['points']:,} loss points: update + forced redraw "
                          f"**{d['update_s'] * 1e3:.0f} ms** (max {d['update_max_s'] * 1e3:.0f} ms); first load {d['cold_s']:.2f} s")
+    if res.get("log_route"):
+        from .torchft_logs import lines as log_route_lines
+
+        lines += log_route_lines(res["log_route"])
     st = res["startup"]
     lines += [
         "",
