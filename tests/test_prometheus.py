@@ -138,3 +138,12 @@ def test_prometheus_scrapes_a_live_run(start_run, tmp_path):
             assert values == sorted(values) and values[-1] > values[0]
         assert prom.returncode is not None
     assert exporter.returncode == 0  # SIGTERM: a clean stop
+
+
+def test_serve_metrics_refuses_a_bad_port_or_a_non_run_in_one_line(tmp_path):
+    from .conftest import workbench_cli
+
+    out = workbench_cli("serve-metrics", str(tmp_path), "--port", "70000")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--port: 70000; allowed: 0-65535" in out.stderr
+    out = workbench_cli("serve-metrics", str(tmp_path), "--port", "0")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "not a run directory" in out.stderr
