@@ -339,6 +339,11 @@ def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
     survivor = _steps(run, 0)
     committed = survivor[survivor["committed"]]["step"].tolist()
     assert committed == list(range(committed[0], steps + 1)), survivor[["step", "committed", "participants"]]
+    # torchft's own commit records (routed from torchft_commits) vouch for each: the vote on s - 1, same quorum.
+    votes = ev[(ev["kind"] == "commit") & (ev["replica"] == 0) & ev["commit_result"].eq(True)]
+    voted = {(int(s) + 1, int(q)) for s, q in zip(votes["step"], votes["quorum_id"])}
+    rows = survivor[survivor["committed"]]
+    assert {(int(s), int(q)) for s, q in zip(rows["step"], rows["quorum_id"])} <= voted
 
     healed = _steps(run, 1, attempt=1)
     assert healed.iloc[0]["healed"] and not healed.iloc[0]["participating"], healed.head()

@@ -129,17 +129,33 @@ def cmd_serve_metrics(args) -> int:
 
     if not 0 <= args.port <= 65535:
         raise ValueError(f"--port: {args.port}; allowed: 0-65535 (0: any free port)")
+    if args.otlp and not args.otlp.startswith(("http://", "https://")):
+        raise ValueError(f"--otlp: {args.otlp!r}; allowed: an OTLP/HTTP metrics URL (http://HOST:4318/v1/metrics)")
+    if not 0.1 <= args.otlp_every <= 3600:
+        raise ValueError(f"--otlp-every: {args.otlp_every}; allowed: 0.1-3600 seconds")
     run = attach(args.run)
+    collector = exporter.RunCollector(run)
     try:
-        server, _ = exporter.serve(run, args.port, args.addr)
+        server, _ = exporter.serve(collector, args.port, args.addr)
     except OSError as e:
         raise ValueError(f"--port: cannot listen on {args.addr}:{args.port} ({e.strerror or e})") from None
+    provider = None
+    if args.otlp:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=args.otlp),
+                                               export_interval_millis=args.otlp_every * 1000)
+        provider = exporter.otel_meter_provider(collector, [reader])
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    print(f"serving metrics of {run.id} on http://{args.addr}:{server.server_port}/metrics", flush=True)
+    print(f"serving metrics of {run.id} on http://{args.addr}:{server.server_port}/metrics"
+          + (f"; pushing OTLP to {args.otlp} every {args.otlp_every:g} s" if args.otlp else ""), flush=True)
     done.wait()
     server.shutdown()
+    if provider is not None:
+        provider.shutdown()
     return 0
 
 
@@ -311,6 +327,9 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("run")
     s.add_argument("--port", type=int, default=9464, help="TCP port (default 9464; 0: any free port, printed)")
     s.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument("--otlp", default=None, metavar="URL",
+                   help="also push the same series to an OpenTelemetry collector (OTLP/HTTP metrics URL)")
+    s.add_argument("--otlp-every", type=float, default=10.0, metavar="S", help="OTLP push interval (default 10 s)")
     s.set_defaults(fn=cmd_serve_metrics)
 
     s = sub.add_parser("report", help="write a self-contained HTML report into a run (or sweep) directory")

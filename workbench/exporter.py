@@ -142,14 +142,52 @@ class RunCollector(Collector):
         return self._goodput
 
 
-def registry_for(run: Run, **kw) -> CollectorRegistry:
+def registry_for(collector: RunCollector) -> CollectorRegistry:
     reg = CollectorRegistry(auto_describe=False)
-    reg.register(RunCollector(run, **kw))
+    reg.register(collector)
     return reg
 
 
-def serve(run: Run, port: int = 0, addr: str = "127.0.0.1", **kw):
+def serve(collector: RunCollector, port: int = 0, addr: str = "127.0.0.1"):
     """Start the HTTP exporter in a daemon thread; returns ``(server, thread)`` (``server.server_port``)."""
     from prometheus_client import start_http_server
 
-    return start_http_server(port, addr=addr, registry=registry_for(run, **kw))
+    return start_http_server(port, addr=addr, registry=registry_for(collector))
+
+
+def otel_meter_provider(collector: RunCollector, readers: list, fresh_s: float = 0.5):
+    """The same series through OpenTelemetry's SDK, for users who run a collector.
+
+    One observable instrument per family above (counters as observable counters, named without
+    the ``_total`` Prometheus adds), each observation's attributes the family's labels. A reader's
+    collection asks every instrument within milliseconds; the families are folded once per
+    ``fresh_s``. Pass the collector the Prometheus endpoint serves: its lock keeps the two from
+    folding at once, and both read the same fold. ``readers``: SDK
+    metric readers, e.g. a ``PeriodicExportingMetricReader`` around an ``OTLPMetricExporter``
+    (``serve-metrics --otlp URL``).
+    """
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    cache: dict = {"t": -float("inf"), "families": {}}
+
+    def families() -> dict:
+        now = time.monotonic()
+        if now - cache["t"] >= fresh_s:
+            cache["t"], cache["families"] = now, {f.name: f for f in collector.collect()}
+        return cache["families"]
+
+    def callback(name: str):
+        def observe(options):
+            f = families().get(name)
+            return [] if f is None else [Observation(s.value, dict(s.labels)) for s in f.samples
+                                         if s.name in (name, name + "_total")]
+        return observe
+
+    provider = MeterProvider(metric_readers=readers)
+    meter = provider.get_meter("workbench")
+    for f in collector.collect():
+        make = meter.create_observable_counter if f.type == "counter" else meter.create_observable_gauge
+        make(f.name, callbacks=[callback(f.name)], description=f.documentation)
+    return provider
+
