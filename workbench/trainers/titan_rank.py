@@ -205,7 +205,7 @@ class TitanEvents:
 
         def should_commit_hook(*args, **kwargs):
             committed = should_commit(*args, **kwargs)
-            record = hooks._log.last_commit if hooks._log is not None else None  # the vote, as torchft logged it
+            record = hooks._log.take_commit() if hooks._log is not None else None  # the vote, as torchft logged it
             hooks._step_state.update(
                 committed=bool(committed), participating=bool(manager.is_participating()),
                 participants=manager.num_participants(), quorum_id=record["quorum_id"] if record else None,

@@ -1,22 +1,17 @@
 """torchft's structured logs as an event source.
 
 torchft logs what its Manager decides on three loggers, each record's facts in
-its ``extra`` (``torchft/manager.py``, ``torchft/process_group.py``):
+its ``extra`` (``torchft/manager.py``, ``torchft/process_group.py``); each
+becomes one event:
 
-=================== ================================================== ===================
-logger              when (fields)                                      event kind
-=================== ================================================== ===================
-``torchft_quorums`` a new quorum id, before the process group is        ``quorum``
-                    reconfigured (``job_id``, ``replica_id``, ``rank``,
-                    ``quorum_id``, ``step``: the quorum's max step)
-``torchft_commits`` every ``should_commit`` vote's outcome (``job_id``, ``commit``
-                    ``replica_id``, ``rank``, ``quorum_id``, ``step``:
-                    the step voted on, before it advances,
-                    ``commit_result``)
-``torchft_errors``  a ``ProcessGroupBaby*`` aborted on error            ``torchft_error``
-                    (``job_id``, ``replica_id``, ``rank``, ``uuid``,
-                    ``error``)
-=================== ================================================== ===================
+- ``torchft_quorums`` → ``quorum``: a new quorum id, logged before the process
+  group is reconfigured (``job_id``, ``replica_id``, ``rank``, ``quorum_id``,
+  ``step``: the quorum's max step);
+- ``torchft_commits`` → ``commit``: every ``should_commit`` vote's outcome
+  (``job_id``, ``replica_id``, ``rank``, ``quorum_id``, ``step``: the step
+  voted on, before it advances, ``commit_result``);
+- ``torchft_errors`` → ``torchft_error``: a torchft process group aborted on
+  an error (``job_id``, ``replica_id``, ``rank``, ``uuid``, ``error``).
 
 :class:`TorchftLogHandler` writes each record as one event through the
 process's own :class:`~workbench.events.EventWriter` (one writer per file:
