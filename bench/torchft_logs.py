@@ -14,10 +14,12 @@ how many committed steps have no commit record (lost; should be 0).
 from __future__ import annotations
 
 import argparse
+import logging
 import os
 import statistics
 import subprocess
 import tempfile
+import time
 from pathlib import Path
 
 from .sessions import TORCHFT, Variant, interleaved
@@ -50,7 +52,37 @@ def measure(reps: int, window_s: float, root: Path, log=print) -> dict:
     on_m, off_m = (statistics.median(on) if on else None), (statistics.median(off) if off else None)
     return {"reps": reps, "window_s": window_s, "runs": rows, "median_on_s": on_m, "median_off_s": off_m,
             "cost_s": on_m - off_m if on_m and off_m else None,
-            "lost": sum(r["lost"] or 0 for r in rows if r["route"]), "uptime": _uptime()}
+            "lost": sum(r["lost"] or 0 for r in rows if r["route"]), "uptime": _uptime(),
+            "record": record_cost()}
+
+
+def record_cost(n: int = 20_000) -> dict:
+    """Seconds per record through the handler (``logger.info`` → one event line written and flushed),
+    and per record with the route off (torchft's loggers at their default level: dropped), median of 5."""
+    from workbench.events import EventWriter
+    from workbench.trainers.torchft_logs import TorchftLogHandler
+
+    logger = logging.getLogger("torchft_commits")
+    extra = {"job_id": "unknown", "replica_id": "replica_0:uuid", "rank": 0, "quorum_id": 3, "step": 1,
+             "commit_result": True}
+
+    def per_record() -> float:
+        t0 = time.perf_counter()
+        for _ in range(n):
+            logger.info("", extra=extra)
+        return (time.perf_counter() - t0) / n
+
+    off = statistics.median(per_record() for _ in range(5))
+    with tempfile.TemporaryDirectory(prefix="wb-bench-logs-") as tmp:
+        handler = TorchftLogHandler(EventWriter(tmp, "replica-0.attempt-0", run="bench", replica=0)).install()
+        try:
+            on = statistics.median(per_record() for _ in range(5))
+        finally:
+            handler.uninstall()
+            handler.writer.close()
+            logger.setLevel(logging.NOTSET)
+            logger.propagate = True
+    return {"on_s": on, "off_s": off, "records": n}
 
 
 def _uptime() -> str:
@@ -67,6 +99,10 @@ def lines(res: dict) -> list[str]:
            f"{res['window_s']:g} s windows. Median step time of committed steps: on **{ms(res['median_on_s'])}**, "
            f"off **{ms(res['median_off_s'])}**, difference {ms(res['cost_s'])}; committed steps without their "
            f"commit record: **{res['lost']}**. `uptime` after: `{res['uptime']}`.", "",
+           f"One record through the handler (`logger.info` → one event line, written and flushed): "
+           f"**{res['record']['on_s'] * 1e6:.1f} µs** (route off: {res['record']['off_s'] * 1e6:.2f} µs, dropped at "
+           f"the logger's level); per torchft-lite step that is one commit record plus a quorum record per "
+           f"quorum change.", "",
            "| run | route | load (1, 5, 15 min) at start | committed steps | commit records | median step |",
            "|---|---|---|---|---|---|"]
     for i, r in enumerate(res["runs"]):
