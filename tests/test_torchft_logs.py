@@ -43,7 +43,7 @@ def test_commit_and_quorum_records_cover_every_step(start_run):
     named = {(e["replica"], e["attempt"], e["quorum_id"]) for e in quorums}
     assert {(e["replica"], e["attempt"], e["quorum_id"]) for e in steps} <= named
     # The replacement's heal step: its vote carries the healed step, its step event the one after.
-    heal = next(e for e in events if e["kind"] == "heal" and e["replica"] == 1)
+    heal = next(e for e in events if e["kind"] == "heal" and (e["replica"], e["attempt"]) == (1, 1))
     first = min((e for e in committed if (e["replica"], e["attempt"]) == (1, 1)), key=lambda e: e["t"])
     assert first["step"] == heal["step"] + 1
 
