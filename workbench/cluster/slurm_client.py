@@ -103,3 +103,16 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
     extra["requeue" if s.requeue else "no-requeue"] = True
     params["additional_parameters"] = extra
     return params
+
+
+def node_address(name: str) -> str:
+    """The address jobs reach node ``name`` at: its ``NodeAddr`` in ``scontrol show node`` (``$SLURM_CONF``'s cluster).
+
+    Slurm's own record, not the name resolved by DNS: a node's name need not resolve (the dev
+    cluster's do not), and the address is what its daemons and a job's coordinator listen on.
+    """
+    out = slurm_cmd(None, "scontrol", "show", "node", "-o", name)
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out.stdout) if out.returncode == 0 else None
+    if m is None:
+        raise RuntimeError(f"node {name!r}: Slurm gives no NodeAddr: {(out.stderr or out.stdout).strip()}")
+    return m.group(1)
