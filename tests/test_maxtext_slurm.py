@@ -2,9 +2,10 @@
 
 One job of ``slurm.nodes: 2``: one wrapper and one MaxText process per node, MaxText's own
 ``jax.distributed`` start (hardware ``cpu``: XPK's environment), the coordinator on the first
-node at its Slurm ``NodeAddr``, gloo between the processes. Its first node is set DOWN
-mid-run: Slurm fails the job, the controller resubmits it, and the new job (two other nodes)
-resumes from the last checkpoint Orbax had committed.
+node at its Slurm ``NodeAddr``, gloo between the processes. A node is lost mid-run, two ways:
+set DOWN (Slurm fails the job and signals its processes first), or every process of the second
+node's task SIGKILLed at once (nothing is told). Each time the controller resubmits the job and
+the new one resumes from the last checkpoint Orbax had committed.
 """
 
 from __future__ import annotations
@@ -12,8 +13,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 
 from workbench import devcluster
@@ -124,6 +127,47 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     first = phase(run, "first_step", 1)
     print(f"\nMaxText 2 processes: node_down -> first step {first['t'] - fault['t']:.1f} s")
     run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r._events), 60)
+    assert run.stop(timeout=60)["state"] == "stopped"
+
+
+def task_processes(job_id: str, rank: int) -> list[psutil.Process]:
+    """Every process of one task of a Slurm job (its wrapper and MaxText), by the task's Slurm environment."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and "SLURM_STEP_ID" in env:
+            found.append(proc)
+    return found
+
+
+def test_lost_task_ends_the_job_at_once_and_it_resumes_from_its_last_checkpoint(submit, cluster):
+    run = submit(TWO_NODES)
+    run.wait_for(lambda r: any(e["step"] >= 25 for e in of_attempt(r, "step", 0)), timeout=START_TIMEOUT_S)
+    start0 = of_attempt(run, "start", 0)[0]
+    lost = task_processes(str(start0["job_id"]), 1)
+    assert len(lost) >= 2, lost  # the wrapper and its MaxText
+    for proc in lost:
+        proc.kill()
+    killed_at = time.time()
+    restored = run.wait_for(lambda r: phase(r, "restored", 1), timeout=START_TIMEOUT_S) and phase(run, "restored", 1)
+    start1 = of_attempt(run, "start", 1)[0]
+    assert start1["job_id"] != start0["job_id"] and start1["world_size"] == 2
+    ended = next(e for e in run._events if e["kind"] == "job" and e.get("attempt") == 0)
+    assert ended["clean"] is False
+    # srun --kill-on-bad-exit ended the job; JAX's own heartbeat timeout (100 s) never had to.
+    rank0 = (Path(run.run_dir) / "maxtext" / "attempt-0.log").read_text()
+    assert "stopped sending heartbeats" not in rank0
+    ckpt_dir = maxtext_command.checkpoint_dir(run.run_dir, run.run_dir.name)
+    last_durable = max(committed_before(ckpt_dir, start1["t"]))
+    assert restored["from_step"] == last_durable + 1 >= 11
+    run.wait_for(lambda r: any(e["step"] >= restored["from_step"] + 5 for e in of_attempt(r, "step", 1)),
+                 timeout=START_TIMEOUT_S)
+    assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
+    first = phase(run, "first_step", 1)
+    print(f"\nMaxText 2 processes: task killed -> first step {first['t'] - killed_at:.1f} s")
     assert run.stop(timeout=60)["state"] == "stopped"
 
 
