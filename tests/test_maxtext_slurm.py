@@ -10,6 +10,7 @@ the new one resumes from the last checkpoint Orbax had committed.
 
 from __future__ import annotations
 
+import ipaddress
 import json
 import os
 import shutil
@@ -95,6 +96,25 @@ def committed_before(ckpt_dir: Path, t: float) -> list[int]:
     return steps
 
 
+def task_processes(job_id: str, rank: int) -> list[psutil.Process]:
+    """Every process of one task of a Slurm job (its wrapper and MaxText), by the task's Slurm environment."""
+    found = []
+    for proc in psutil.process_iter():
+        try:
+            env = proc.environ()
+        except (psutil.Error, OSError):
+            continue
+        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and "SLURM_STEP_ID" in env:
+            found.append(proc)
+    return found
+
+
+def _ip(text: str) -> str:
+    """An IPv4-mapped IPv6 address (gRPC's dual-stack socket bound to an IPv4 address) as the IPv4 one."""
+    addr = ipaddress.ip_address(text)
+    return str(getattr(addr, "ipv4_mapped", None) or addr)
+
+
 def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, cluster):
     run = submit(TWO_NODES)
     run.wait_for(lambda r: any(e["step"] >= 25 for e in of_attempt(r, "step", 0)), timeout=START_TIMEOUT_S)
@@ -111,6 +131,12 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     assert "Rank 1 is connected to 1 peer ranks" in rank1  # gloo
     rank1_steps = [json.loads(line)["step"] for line in (logs / "metrics.attempt-0.rank-1.jsonl").read_text().splitlines()]
     assert max(rank1_steps) >= 20
+    # Every listener of the job's processes (JAX's coordinator, gloo) on its node's address, none on a wildcard.
+    allowed = {slurm_client.node_address(n) for n in start0["nodes"]}
+    listeners = {(_ip(c.laddr.ip), c.laddr.port) for rank in (0, 1) for p in task_processes(str(start0["job_id"]), rank)
+                 for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    assert (coordinator.rsplit(":", 1)[0], maxtext_command.COORDINATOR_PORT) in listeners
+    assert len(listeners) >= 3 and {ip for ip, _ in listeners} <= allowed, listeners  # coordinator + gloo per rank
 
     fault = run.fault("node_down", target=0, seconds=20)
     assert (fault["node"], fault["job_id"]) == (start0["nodes"][0], start0["job_id"])
@@ -128,19 +154,6 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     print(f"\nMaxText 2 processes: node_down -> first step {first['t'] - fault['t']:.1f} s")
     run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r._events), 60)
     assert run.stop(timeout=60)["state"] == "stopped"
-
-
-def task_processes(job_id: str, rank: int) -> list[psutil.Process]:
-    """Every process of one task of a Slurm job (its wrapper and MaxText), by the task's Slurm environment."""
-    found = []
-    for proc in psutil.process_iter():
-        try:
-            env = proc.environ()
-        except (psutil.Error, OSError):
-            continue
-        if env.get("SLURM_JOB_ID") == job_id and env.get("SLURM_PROCID") == str(rank) and "SLURM_STEP_ID" in env:
-            found.append(proc)
-    return found
 
 
 def test_lost_task_ends_the_job_at_once_and_it_resumes_from_its_last_checkpoint(submit, cluster):

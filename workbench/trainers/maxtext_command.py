@@ -47,7 +47,10 @@ MULTI_PROCESS_HARDWARE = ("cpu", "gpu", "gpu_multiprocess")
 # Runs in .venv-maxtext, which cannot import workbench (hence its own PR_SET_PDEATHSIG, not kit.die_with_parent):
 # tie the child's life to the wrapper, leave SIGUSR2 to it, report compile-cache hits/misses, give JAX's
 # preemption service a coordinator, then run MaxText's trainer. That coordinator serves this one process:
-# it listens on 127.0.0.1 (JAX's default bind address is [::], every interface).
+# it listens on 127.0.0.1 (JAX's default bind address is [::], every interface). In a job of several
+# processes, JAX's gloo listens on the address gethostname() resolves to (127.0.0.1 here, and inside a node's
+# network namespace too); JAX has no setting for it, so its CPU backend factory is registered again with the
+# node's own address given to gloo (jaxlib's make_gloo_tcp_collectives takes it).
 LAUNCHER = r"""
 import ctypes, json, os, runpy, signal, socket, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -62,6 +65,18 @@ def _on_event(name, **_):
         print("WORKBENCH " + json.dumps({"compile_cache": name.rsplit("_", 1)[-1]}), flush=True)
 
 monitoring.register_event_listener(_on_event)
+if os.environ.get("WORKBENCH_GLOO_HOSTNAME"):
+    from jax._src import config as jax_config, distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    def _cpu_client():
+        collectives = None
+        if distributed.global_state.client is not None and jax_config.cpu_collectives_implementation.value == "gloo":
+            collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client,
+                                                         hostname=os.environ["WORKBENCH_GLOO_HOSTNAME"])
+        return xla_bridge.make_cpu_client(collectives)
+
+    xla_bridge.register_backend_factory("cpu", _cpu_client, priority=0, fail_quietly=False)
 if os.environ.get("WORKBENCH_LOCAL_COORDINATOR") == "1":
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -157,12 +172,25 @@ def coordinator_address(layout: JobLayout) -> str:
     return "127.0.0.1"
 
 
-def distributed_env(hardware: str, layout: JobLayout, address: str) -> dict[str, str]:
-    """The environment MaxText reads to start ``jax.distributed`` for ``hardware`` (see the module's docstring)."""
+def own_address() -> str:
+    """This task's node address as Slurm records it, else loopback."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if node and os.environ.get("SLURM_JOB_ID"):
+        from ..cluster.slurm_client import node_address
+
+        return node_address(node)
+    return "127.0.0.1"
+
+
+def distributed_env(hardware: str, layout: JobLayout, address: str, own: str) -> dict[str, str]:
+    """The environment MaxText reads to start ``jax.distributed`` for ``hardware`` (see the module's docstring).
+
+    ``address`` is the coordinator's (rank 0's node), ``own`` this task's node: gloo listens there.
+    """
     if layout.processes == 1 or hardware == "gpu_multiprocess":
         return {}
     bind = f"[{address}]" if ":" in address else address
-    env = {"JAX_COORDINATOR_BIND_ADDRESS": f"{bind}:{COORDINATOR_PORT}"}
+    env = {"JAX_COORDINATOR_BIND_ADDRESS": f"{bind}:{COORDINATOR_PORT}", "WORKBENCH_GLOO_HOSTNAME": own}
     if hardware == "cpu":
         env.update(JAX_COORDINATOR_ADDRESS=address, JOB_INDEX="0", JOB_COMPLETION_INDEX=str(layout.rank),
                    PROCESSES_IN_JOB=str(layout.processes), JAX_PROCESS_COUNT=str(layout.processes))
@@ -242,6 +270,6 @@ def build_command(ctx: JobContext, layout: Optional[JobLayout] = None) -> tuple[
     if overrides.get("hardware") == "cpu":
         env.setdefault("JAX_PLATFORMS", "cpu")
     if layout.processes > 1:
-        env.update(distributed_env(overrides.get("hardware", "tpu"), layout, coordinator_address(layout)))
+        env.update(distributed_env(overrides.get("hardware", "tpu"), layout, coordinator_address(layout), own_address()))
     argv = [str(python), "-c", LAUNCHER, *(f"{k}={v}" for k, v in overrides.items())]
     return argv, env
