@@ -20,8 +20,10 @@ coordinator is the job's first node at the address Slurm records for it
 (``NodeAddr``, :func:`workbench.cluster.slurm_client.node_address`), and it
 binds that address only (``JAX_COORDINATOR_BIND_ADDRESS``; JAX's default is
 every interface). The processes' collectives are JAX's CPU collectives
-(``jax_cpu_collectives_implementation``, gloo by default), which connect
-through the coordinator's key-value store.
+(``jax_cpu_collectives_implementation``, gloo by default): each process's
+gloo listens on its own node's ``NodeAddr`` and publishes it through the
+coordinator's key-value store. The job runs ``srun --kill-on-bad-exit=1``
+(``slurm_client.executor_parameters``): one lost task ends the job.
 """
 
 from __future__ import annotations
