@@ -83,14 +83,25 @@ def _parse_states(text: str) -> dict[str, str]:
 
 
 def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
-    """submitit ``SlurmExecutor`` parameters from ``spec.slurm``."""
+    """submitit ``SlurmExecutor`` parameters from ``spec.slurm``.
+
+    A checkpoint-restart job of several tasks is one program (MaxText's ``jax.distributed``):
+    ``srun --kill-on-bad-exit=1`` ends the whole step when one task dies. Without it the
+    survivors wait out JAX's heartbeat timeout (100 s, which MaxText does not expose;
+    measured here: the surviving process aborted 75 s after its peer was SIGKILLed) before the
+    job ends and can be resubmitted.
+    """
     s = spec.slurm
+    srun_args = list(s.srun_args)
+    if not elastic and s.nodes * s.tasks_per_node > 1 and not any(a.startswith(("--kill-on-bad-exit", "-K"))
+                                                                  for a in srun_args):
+        srun_args.append("--kill-on-bad-exit=1")
     params: dict[str, Any] = {
         "time": s.time_min,
         "nodes": s.nodes,
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,
-        "srun_args": list(s.srun_args),
+        "srun_args": srun_args,
         "setup": list(s.setup),
         "stderr_to_stdout": True,
     }
@@ -103,3 +114,16 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
     extra["requeue" if s.requeue else "no-requeue"] = True
     params["additional_parameters"] = extra
     return params
+
+
+def node_address(name: str) -> str:
+    """The address jobs reach node ``name`` at: its ``NodeAddr`` in ``scontrol show node`` (``$SLURM_CONF``'s cluster).
+
+    Slurm's own record, not the name resolved by DNS: a node's name need not resolve (the dev
+    cluster's do not), and the address is what its daemons and a job's coordinator listen on.
+    """
+    out = slurm_cmd(None, "scontrol", "show", "node", "-o", name)
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out.stdout) if out.returncode == 0 else None
+    if m is None:
+        raise RuntimeError(f"node {name!r}: Slurm gives no NodeAddr: {(out.stderr or out.stdout).strip()}")
+    return m.group(1)

@@ -40,6 +40,10 @@ def validate(spec) -> None:
     if tasks is not None and s.nodes * s.tasks_per_node != tasks:
         raise SpecError(f"slurm.nodes x slurm.tasks_per_node: {spec.trainer} runs {tasks} process(es) per job; "
                         f"got {s.nodes} x {s.tasks_per_node}, allowed: a product of {tasks}")
+    try:
+        trainer_kind(spec.trainer).check_job(spec, s.nodes * s.tasks_per_node)
+    except ValueError as e:
+        raise SpecError(str(e)) from None
     if elastic and s.requeue:
         raise SpecError("slurm.requeue: replica groups are resubmitted by the controller as the next attempt "
                         "(a Slurm requeue would re-run the same attempt); allowed: false")

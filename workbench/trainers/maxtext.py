@@ -62,7 +62,7 @@ from typing import Any, Optional
 
 from .base import JobContext
 from .kit import on_stop_signals
-from .maxtext_command import build_command, checkpoint_dir, console_log, metrics_file, task_rank
+from .maxtext_command import build_command, checkpoint_dir, console_log, job_layout, metrics_file
 from .maxtext_output import Console, Metrics, checkpoint_facts, durable_checkpoints, leftover_tmp_checkpoints
 
 POLL_S = 0.25
@@ -93,20 +93,22 @@ def _finite(x: Any) -> Optional[float]:
 
 def run(ctx: JobContext) -> None:
     """Run MaxText to ``steps`` (resuming from the last durable checkpoint) and report it."""
-    writer = ctx.writer() if task_rank() == 0 else _Silent()
+    layout = job_layout()
+    writer = ctx.writer() if layout.rank == 0 else _Silent()
     t0 = time.time()
     steps = int(ctx.spec["steps"])
     heartbeat_s = float(ctx.spec.get("heartbeat_s", 1.0))
     try:
-        argv, env = build_command(ctx)
-    except (ValueError, FileNotFoundError) as e:
-        writer.emit("start", trainer="maxtext", world_size=1, role="replica")
+        argv, env = build_command(ctx, layout)
+    except (ValueError, FileNotFoundError, RuntimeError) as e:
+        writer.emit("start", trainer="maxtext", world_size=layout.processes, role="replica")
         writer.emit("exit", reason="error", step=None, error=str(e))
         writer.close()
         raise
     ckpt_dir = checkpoint_dir(ctx.run_dir, ctx.run_id)
     seen = set(durable_checkpoints(ckpt_dir))
-    writer.emit("start", trainer="maxtext", world_size=1, role="replica", checkpoint_dir=str(ckpt_dir))
+    writer.emit("start", trainer="maxtext", world_size=layout.processes, role="replica", checkpoint_dir=str(ckpt_dir),
+                coordinator=env.get("JAX_COORDINATOR_BIND_ADDRESS"), nodes=list(layout.nodes), **ctx.placement())
     for name in leftover_tmp_checkpoints(ckpt_dir):
         writer.emit("warning", message=f"half-written checkpoint {name} left by an earlier attempt; not restored")
 

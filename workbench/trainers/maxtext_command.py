@@ -4,14 +4,35 @@ The wrapper (:mod:`.maxtext`) owns the run name, output directory, metrics
 file and step count; the spec's ``maxtext`` section sets every other key of
 MaxText's ``base.yml``. The child runs :data:`LAUNCHER` in MaxText's own
 interpreter, with the main environment's Python paths removed.
+
+More than one process
+---------------------
+A Slurm job of ``slurm.nodes`` x ``slurm.tasks_per_node`` tasks runs one
+wrapper and one MaxText process per task, all one JAX program
+(``jax.distributed``). MaxText starts it itself
+(``max_utils.maybe_initialize_jax_distributed_system``) from the environment
+its launcher would set: for ``hardware: cpu`` XPK's (``JAX_COORDINATOR_ADDRESS``,
+``JOB_INDEX``, ``JOB_COMPLETION_INDEX``, ``PROCESSES_IN_JOB``,
+``JAX_PROCESS_COUNT``; the coordinator on port 1234, MaxText's constant),
+for ``hardware: gpu`` its own (``JAX_COORDINATOR_IP``/``_PORT``, ``NNODES``,
+``NODE_RANK``); ``gpu_multiprocess`` is JAX's own Slurm detection. The
+coordinator is the job's first node at the address Slurm records for it
+(``NodeAddr``, :func:`workbench.cluster.slurm_client.node_address`), and it
+binds that address only (``JAX_COORDINATOR_BIND_ADDRESS``; JAX's default is
+every interface). The processes' collectives are JAX's CPU collectives
+(``jax_cpu_collectives_implementation``, gloo by default): each process's
+gloo listens on its own node's ``NodeAddr`` and publishes it through the
+coordinator's key-value store. The job runs ``srun --kill-on-bad-exit=1``
+(``slurm_client.executor_parameters``): one lost task ends the job.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 from pathlib import Path
-from typing import Any
+from typing import Any, Optional
 
 from .base import JobContext
 
@@ -20,10 +41,18 @@ TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 # Keys the wrapper sets from the run itself; a spec may not override them.
 OWNED_KEYS = ("run_name", "base_output_directory", "metrics_file", "steps")
 
+# MaxText's initialize_jax_for_cpu dials the coordinator on this port ("the port XPK exposes for CPU workloads").
+COORDINATOR_PORT = 1234
+# The hardware values with which MaxText starts jax.distributed over several processes.
+MULTI_PROCESS_HARDWARE = ("cpu", "gpu", "gpu_multiprocess")
+
 # Runs in .venv-maxtext, which cannot import workbench (hence its own PR_SET_PDEATHSIG, not kit.die_with_parent):
 # tie the child's life to the wrapper, leave SIGUSR2 to it, report compile-cache hits/misses, give JAX's
 # preemption service a coordinator, then run MaxText's trainer. That coordinator serves this one process:
-# it listens on 127.0.0.1 (JAX's default bind address is [::], every interface).
+# it listens on 127.0.0.1 (JAX's default bind address is [::], every interface). In a job of several
+# processes, JAX's gloo listens on the address gethostname() resolves to (127.0.0.1 here, and inside a node's
+# network namespace too); JAX has no setting for it, so its CPU backend factory is registered again with the
+# node's own address given to gloo (jaxlib's make_gloo_tcp_collectives takes it).
 LAUNCHER = r"""
 import ctypes, json, os, runpy, signal, socket, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
@@ -38,6 +67,18 @@ def _on_event(name, **_):
         print("WORKBENCH " + json.dumps({"compile_cache": name.rsplit("_", 1)[-1]}), flush=True)
 
 monitoring.register_event_listener(_on_event)
+if os.environ.get("WORKBENCH_GLOO_HOSTNAME"):
+    from jax._src import config as jax_config, distributed, xla_bridge
+    from jax._src.lib import _jax
+
+    def _cpu_client():
+        collectives = None
+        if distributed.global_state.client is not None and jax_config.cpu_collectives_implementation.value == "gloo":
+            collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client,
+                                                         hostname=os.environ["WORKBENCH_GLOO_HOSTNAME"])
+        return xla_bridge.make_cpu_client(collectives)
+
+    xla_bridge.register_backend_factory("cpu", _cpu_client, priority=0, fail_quietly=False)
 if os.environ.get("WORKBENCH_LOCAL_COORDINATOR") == "1":
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -79,7 +120,89 @@ def _format_value(key: str, value: Any) -> str:
     )
 
 
-def maxtext_overrides(ctx: JobContext) -> dict[str, str]:
+def check_spec(maxtext: dict, processes: int) -> None:
+    """The ``maxtext`` section against a job of ``processes`` processes; ValueError naming the key.
+
+    Run before submit (the Slurm backend's validation) and again in the job.
+    """
+    for key in maxtext:
+        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
+            raise ValueError(f"maxtext.{key}: not a MaxText config key (letters, digits, _ and .)")
+        if key in OWNED_KEYS:
+            where = "steps" if key == "steps" else "the run directory"
+            raise ValueError(f"maxtext.{key}: set by the workbench from {where}; remove it")
+    if processes > 1:
+        hardware = str(maxtext.get("hardware", "tpu"))
+        if hardware not in MULTI_PROCESS_HARDWARE:
+            raise ValueError(f"maxtext.hardware: {hardware!r} cannot run as {processes} processes of one job here; "
+                             f"allowed: {', '.join(MULTI_PROCESS_HARDWARE)}")
+        if maxtext.get("skip_jax_distributed_system") is True:
+            raise ValueError(f"maxtext.skip_jax_distributed_system: true leaves the job's {processes} processes "
+                             "as separate programs; allowed: false")
+
+
+@dataclasses.dataclass(frozen=True)
+class JobLayout:
+    """This task's place in its job: its rank, the job's process count, its nodes (rank 0 on the first)."""
+
+    rank: int = 0
+    processes: int = 1
+    nodes: tuple[str, ...] = ()
+
+    @property
+    def first_node(self) -> Optional[str]:
+        return self.nodes[0] if self.nodes else None
+
+
+def job_layout() -> JobLayout:
+    """From submitit's job environment (Slurm's ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_JOB_NODELIST``)."""
+    try:
+        import submitit
+
+        env = submitit.JobEnvironment()
+        return JobLayout(env.global_rank, env.num_tasks, tuple(env.hostnames) if env.num_tasks > 1 else ())
+    except (ImportError, RuntimeError):
+        return JobLayout(int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1")))
+
+
+def coordinator_address(layout: JobLayout) -> str:
+    """Where rank 0's JAX coordinator listens: its node's address as Slurm records it, else loopback."""
+    if layout.first_node and os.environ.get("SLURM_JOB_ID"):
+        from ..cluster.slurm_client import node_address
+
+        return node_address(layout.first_node)
+    return "127.0.0.1"
+
+
+def own_address() -> str:
+    """This task's node address as Slurm records it, else loopback."""
+    node = os.environ.get("SLURMD_NODENAME")
+    if node and os.environ.get("SLURM_JOB_ID"):
+        from ..cluster.slurm_client import node_address
+
+        return node_address(node)
+    return "127.0.0.1"
+
+
+def distributed_env(hardware: str, layout: JobLayout, address: str, own: str) -> dict[str, str]:
+    """The environment MaxText reads to start ``jax.distributed`` for ``hardware`` (see the module's docstring).
+
+    ``address`` is the coordinator's (rank 0's node), ``own`` this task's node: gloo listens there.
+    """
+    if layout.processes == 1 or hardware == "gpu_multiprocess":
+        return {}
+    bind = f"[{address}]" if ":" in address else address
+    env = {"JAX_COORDINATOR_BIND_ADDRESS": f"{bind}:{COORDINATOR_PORT}", "WORKBENCH_GLOO_HOSTNAME": own}
+    if hardware == "cpu":
+        env.update(JAX_COORDINATOR_ADDRESS=address, JOB_INDEX="0", JOB_COMPLETION_INDEX=str(layout.rank),
+                   PROCESSES_IN_JOB=str(layout.processes), JAX_PROCESS_COUNT=str(layout.processes))
+    elif hardware == "gpu":
+        env.update(JAX_COORDINATOR_IP=address, JAX_COORDINATOR_PORT=str(COORDINATOR_PORT),
+                   NNODES=str(layout.processes), NODE_RANK=str(layout.rank))
+    return env
+
+
+def maxtext_overrides(ctx: JobContext, processes: int = 1) -> dict[str, str]:
     """MaxText's ``key=value`` overrides for this job, in base.yml's names.
 
     The spec's ``maxtext`` section comes first; the wrapper adds the keys it owns
@@ -88,12 +211,7 @@ def maxtext_overrides(ctx: JobContext) -> dict[str, str]:
     """
     spec = ctx.spec
     user = spec.get("maxtext") or {}
-    for key in user:
-        if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.]*", key):
-            raise ValueError(f"maxtext.{key}: not a MaxText config key (letters, digits, _ and .)")
-        if key in OWNED_KEYS:
-            where = "steps" if key == "steps" else "the run directory"
-            raise ValueError(f"maxtext.{key}: set by the workbench from {where}; remove it")
+    check_spec(user, processes)
     run_dir = Path(ctx.run_dir).resolve()
     out = {
         "enable_checkpointing": True,
@@ -109,18 +227,13 @@ def maxtext_overrides(ctx: JobContext) -> dict[str, str]:
         "steps": spec["steps"],
     }
     if str(out.get("hardware", "")).lower() == "cpu":
-        out.setdefault("skip_jax_distributed_system", True)
+        out.setdefault("skip_jax_distributed_system", processes == 1)
     return {k: _format_value(k, v) for k, v in out.items()}
 
 
 def task_rank() -> int:
     """This task's rank in a multi-node job (one wrapper and one MaxText process per node); 0 alone."""
-    try:
-        import submitit
-
-        return submitit.JobEnvironment().global_rank
-    except (ImportError, RuntimeError):
-        return int(os.environ.get("SLURM_PROCID", "0"))
+    return job_layout().rank
 
 
 def _rank_suffix() -> str:
@@ -136,9 +249,10 @@ def console_log(ctx: JobContext) -> Path:
     return Path(ctx.run_dir).resolve() / "maxtext" / f"attempt-{ctx.attempt}{_rank_suffix()}.log"
 
 
-def build_command(ctx: JobContext) -> tuple[list[str], dict[str, str]]:
+def build_command(ctx: JobContext, layout: Optional[JobLayout] = None) -> tuple[list[str], dict[str, str]]:
     """The child's argv and environment."""
-    overrides = maxtext_overrides(ctx)
+    layout = layout or job_layout()
+    overrides = maxtext_overrides(ctx, layout.processes)
     python = maxtext_python()
     if not python.exists():
         raise FileNotFoundError(
@@ -157,5 +271,7 @@ def build_command(ctx: JobContext) -> tuple[list[str], dict[str, str]]:
         env.pop(var, None)
     if overrides.get("hardware") == "cpu":
         env.setdefault("JAX_PLATFORMS", "cpu")
+    if layout.processes > 1:
+        env.update(distributed_env(overrides.get("hardware", "tpu"), layout, coordinator_address(layout), own_address()))
     argv = [str(python), "-c", LAUNCHER, *(f"{k}={v}" for k, v in overrides.items())]
     return argv, env

@@ -34,6 +34,9 @@ class TrainerKind:
     (nodes × tasks per node) a job of this trainer must have, None for any.
     ``checkpoint_period``: the dotted spec key of the trainer's checkpoint
     period in steps, for the preflight warning that no checkpoint is written.
+    ``check_processes``: ``"module:function"`` that checks the trainer's own
+    section against a job of N processes (``function(section, N)``, ValueError
+    naming the key), called by the Slurm validation before submit.
     """
 
     name: str
@@ -45,10 +48,19 @@ class TrainerKind:
     writer_per_replica: bool = True
     slurm_tasks: Optional[int] = None
     checkpoint_period: Optional[str] = None
+    check_processes: Optional[str] = None
 
     def samples_per_step(self, spec) -> int:
         """Samples one writer's committed step trains on."""
         return spec.model.batch_size if self.batch_from_model else 1
+
+    def check_job(self, spec, processes: int) -> None:
+        """``check_processes`` on the spec's first section; ValueError naming the key."""
+        if self.check_processes:
+            import importlib
+
+            module, _, function = self.check_processes.partition(":")
+            getattr(importlib.import_module(module), function)(getattr(spec, self.sections[0]), processes)
 
     def step_writers(self, spec) -> int:
         """How many event streams report ``step`` events in a fault-free run."""
@@ -67,6 +79,7 @@ KINDS: tuple[TrainerKind, ...] = (
     TrainerKind(
         "maxtext", "workbench.trainers.maxtext", elastic=False,
         sections=("maxtext",), writer_per_replica=False, checkpoint_period="maxtext.checkpoint_period",
+        check_processes="workbench.trainers.maxtext_command:check_spec",
     ),
     TrainerKind(
         "ddp-restart", "workbench.trainers.ddp_restart", elastic=False,
