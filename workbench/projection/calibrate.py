@@ -21,8 +21,12 @@ already define it (``analysis.recovery_timeline``, ``analysis.goodput``,
 - checkpoint-restart (ddp-restart, MaxText): ``restart_s`` = median fault →
   the next attempt's first committed step (``breakeven.restart_seconds``:
   detection, relaunch, imports, restore), ``write_s`` = median checkpoint
-  write, ``period_s`` = the measured spacing of durable checkpoints less the
-  write (``breakeven.checkpoint_period_s``).
+  write, ``period_s`` = the median step spacing of durable checkpoints times
+  ``step_s`` (the trainer checkpoints every N steps, so its phase after a
+  restore is in steps: a period measured in seconds drifts off it with the
+  step time and misplaces a fault before or after a write), or, without step
+  numbers, their spacing in seconds less the write
+  (``breakeven.checkpoint_period_s``).
 
 ``measured(run)`` is the goodput those inputs are checked against.
 """
@@ -57,6 +61,16 @@ def _hit_live(kills: pd.DataFrame) -> pd.Series:
         live[i] = r.t >= back.get(r.target, -np.inf)
         back[r.target] = r.t + r.participating if not np.isnan(r.participating) else np.inf
     return live
+
+
+def _checkpoint_period_steps(events: list[dict]) -> Optional[float]:
+    """Median step spacing of consecutive durable checkpoints of the same attempt."""
+    by_attempt: dict = {}
+    for e in events:
+        if e.get("kind") == "checkpoint" and e.get("durable") and e.get("step") is not None:
+            by_attempt.setdefault((e.get("replica"), e.get("attempt", 0)), []).append(int(e["step"]))
+    gaps = [d for steps in by_attempt.values() for d in np.diff(sorted(steps))]
+    return float(np.median(gaps)) if gaps else None
 
 
 def measured(run: Any) -> dict:
@@ -106,9 +120,11 @@ def calibrate(run: Any, baseline: Any = None) -> dict:
         restarts = breakeven.restart_seconds(events)
         writes = [float(e.get("seconds") or 0.0) for e in events if e.get("kind") == "checkpoint" and e.get("durable")]
         write = float(np.median(writes)) if writes else 0.0
+        steps = _checkpoint_period_steps(events)
         spacing = breakeven.checkpoint_period_s(events)
-        out.update(restart_s=float(np.median(restarts)) if restarts else None, write_s=write,
-                   period_s=None if spacing is None else max(spacing - write, 1e-9))
+        period = steps * g["normal_step_s"] if steps else None if spacing is None else max(spacing - write, 1e-9)
+        out.update(restart_s=float(np.median(restarts)) if restarts else None, write_s=write, period_s=period,
+                   period_steps=steps)
     return out
 
 
