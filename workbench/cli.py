@@ -233,13 +233,14 @@ def cmd_ls(args) -> int:
 
 PROJECT_FLAGS = (  # flag, input, type, help (units)
     ("--gpus", "gpus", int, "accelerators"), ("--groups", "groups", int, "replica groups"),
-    ("--device-mtbf-h", "device_mtbf_h", float, "per-device mean time between failures, hours"),
+    ("--device-mtbf-h", "device_mtbf_h", float, "per-device MTBF, hours (default: Meta's published MTTF at --gpus)"),
     ("--params", "params", float, "model parameters"), ("--step-s", "step_s", float, "fault-free step time, s"),
     ("--days", "horizon_s", float, "wall window projected, days"),
     ("--ckpt-period-s", "period_s", float, "checkpoint period, s of training (default: Daly's optimum)"),
     ("--ckpt-gbps", "write_gbps", float, "checkpoint write bandwidth, GB/s aggregate"),
     ("--restart-s", "restart_s", float, "restart after a failure, s (both strategies)"),
-    ("--overhead", "overhead", float, "elastic per-step overhead, fraction of the step"),
+    ("--overhead", "overhead", float, "elastic per-step overhead, fraction of the step (default: from --cross-gbps)"),
+    ("--cross-gbps", "cross_gbps", float, "elastic all-reduce bandwidth between groups, GB/s per accelerator"),
     ("--spares", "spares", int, "spare groups"), ("--replacement-s", "replacement_s", float, "a new node, s"),
     ("--heal-gbps", "heal_gbps", float, "heal bandwidth per accelerator, GB/s"),
     ("--sync-steps", "sync_steps", int, "DiLoCo inner steps between outer steps"),

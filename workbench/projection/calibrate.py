@@ -41,6 +41,7 @@ import pandas as pd
 from .. import analysis, breakeven
 from ..analysis.recovery import ends_process
 from ..trainers import trainer_kind
+from . import sources
 from .model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
 
 
@@ -165,7 +166,8 @@ def project(run: Any, baseline: Any = None, measured_costs: bool = False, replic
 
     Returns the run reproduced on itself (``reproduced``: predicted vs measured goodput), the
     calibrated inputs, the projection at the requested scale per strategy, and where each input of
-    that projection came from (``given``, ``measured`` or the published default).
+    that projection came from (``given``, ``measured`` or the published default). Without a
+    ``device_mtbf_h`` the failure rate is Meta's published job MTTF at that many accelerators.
     """
     from .model import Projection, input_names
 
@@ -181,6 +183,9 @@ def project(run: Any, baseline: Any = None, measured_costs: bool = False, replic
         carried = {k: cal[k] for k in CARRIED[strategy] if cal.get(k) is not None}
     p = Projection().replace(**{**carried, **inputs})
     source = {k: "given" for k in inputs}
+    if "device_mtbf_h" not in inputs:
+        p = p.replace(device_mtbf_h=sources.meta_device_mtbf_h(p.job.gpus))
+        source["device_mtbf_h"] = "sources.META_RSC (job MTTF at this size)"
     source.update({k: "measured" for k in carried if k not in inputs})
     return {
         "run_dir": str(getattr(run, "run_dir", "")),

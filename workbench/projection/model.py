@@ -13,7 +13,9 @@ failure times into a piecewise-constant rate of useful work:
   ``restore_s`` (``restore``) pass before training resumes; a failure during
   that downtime starts it again. ``period_s=None`` takes Daly's optimum.
 - **elastic** (per-step, torchft): every step pays ``overhead`` (a fraction
-  of the step time: the cross-group all-reduce and quorum). A failure takes
+  of the step time), given or computed as a ring all-reduce of each
+  accelerator's gradient shard across the groups at ``cross_gbps`` — so it
+  shrinks as groups grow at a fixed group count. A failure takes
   its group out for ``replacement + restart_s + heal + rejoin_s``, where the
   replacement is ``spare_s`` while one of ``spares`` is free (a repaired node
   returns to the pool ``replacement_s`` later) and ``replacement_s`` otherwise,
@@ -129,18 +131,25 @@ class CheckpointRestart:
         return {"write_s": write, "restore_s": restore, "period_s": period, "down_s": self.detect_s + self.restart_s}
 
 
+# torchft's cross-group gradient all-reduce over Gloo, per accelerator: what Clockwork's 64-H200 run
+# implies (sources.CLOCKWORK_GLOO_GBPS; its replica-group count, 2, is an assumption).
+GLOO_GBPS = 0.65  # = sources.clockwork_gloo_gbps(), rounded
+
+
 @dataclass
 class Elastic:
-    """Per-step elastic (torchft) costs."""
+    """Per-step elastic (torchft) costs. Defaults: ``sources`` (published) or named as assumptions."""
 
-    overhead: float = 0.05  # per-step overhead, fraction of step_s
-    stall_s: float = 1.0  # survivors' loss per failure: detection, quorum, the voted-down step, s
-    replacement_s: float = 1800.0  # a new node without a spare, s
+    overhead: Optional[float] = None  # per-step overhead, fraction of step_s; None: the all-reduce below
+    grad_bytes_per_param: float = 2.0  # bf16 gradients all-reduced across groups every step
+    cross_gbps: float = GLOO_GBPS  # per accelerator, between groups (Gloo), GB/s
+    stall_s: float = 5.0  # survivors' loss per failure: torchft's default 5-s heartbeat timeout bounds it
+    replacement_s: float = 900.0  # a group restarted on new nodes: Clockwork's 15-min restart assumption
     spares: int = 0
-    spare_s: float = 60.0  # a spare group's process started, s
-    restart_s: float = 120.0  # process start → ready to heal (imports, model, quorum), s
+    spare_s: float = 60.0  # a spare group's processes started (assumption: scheduling a warm allocation)
+    restart_s: float = 120.0  # process start → ready to heal (assumption: imports, model, NCCL init)
     heal_s: Optional[float] = None  # None: the group's state / (heal_gbps per accelerator)
-    heal_gbps: float = 25.0  # per accelerator, GB/s (a 200 Gb/s NIC share)
+    heal_gbps: float = GLOO_GBPS  # a heal is a state transfer between groups over the same transport
     rejoin_s: float = 0.0  # heal done → taking part again, s
     min_groups: int = 1
     startup_s: float = 0.0  # groups joining after the window began (a measured run's stagger), group-s
@@ -148,15 +157,24 @@ class Elastic:
     def heal(self, job: Job) -> float:
         return self.heal_s if self.heal_s is not None else job.state_bytes / job.gpus_per_group / (self.heal_gbps * GB)
 
+    def step_overhead(self, job: Job) -> float:
+        """The given overhead, else a ring all-reduce of each accelerator's gradient shard across groups."""
+        if self.overhead is not None:
+            return self.overhead
+        if job.groups < 2:
+            return 0.0
+        shard = job.params * self.grad_bytes_per_param / job.gpus_per_group
+        return 2 * (job.groups - 1) / job.groups * shard / (self.cross_gbps * GB) / job.step_s
+
 
 @dataclass
 class DiLoCo(Elastic):
-    """Semi-synchronous (DiLoCo) costs; replacement and heal as elastic, no per-step overhead."""
+    """Semi-synchronous (DiLoCo) costs; replacement and heal as elastic, no per-step all-reduce."""
 
-    overhead: float = 0.0
-    sync_steps: int = 100  # inner steps between outer steps (DiLoCo's H; Douillard et al. 2023 use 500)
+    overhead: Optional[float] = 0.0
+    sync_steps: int = 500  # inner steps between outer steps: DiLoCo's H (Douillard et al. 2023)
     outer_bytes_per_param: float = 4.0  # fp32 pseudo-gradients
-    outer_gbps: float = 25.0  # per accelerator, between groups, GB/s
+    outer_gbps: float = GLOO_GBPS  # per accelerator, between groups, GB/s
     overlap: bool = False  # streaming DiLoCo hides the outer step behind inner steps
 
     def sync_s(self, job: Job) -> float:
@@ -263,7 +281,8 @@ def _absences(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic, sync_period_s
 def _group_replicate(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic, kind: str) -> dict:
     H, R = job.horizon_s, job.groups
     sync = el.sync_s(job) if isinstance(el, DiLoCo) else 0.0
-    sync_period = el.sync_steps * job.step_s * (1 + el.overhead) + sync if isinstance(el, DiLoCo) else None
+    over = el.step_overhead(job)
+    sync_period = el.sync_steps * job.step_s * (1 + over) + sync if isinstance(el, DiLoCo) else None
     merged, parts, stall, stalled = _absences(job, t, g, el, sync_period)
     # Live groups over time: a sweep over the absences' ends, clipped to the window.
     edges = [(max(0.0, a), -1) for a, b in merged if a < H] + [(min(H, b), +1) for a, b in merged if a < H]
@@ -290,7 +309,7 @@ def _group_replicate(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic, kind: 
     stall = min(stall + discarded, live_s)
     live_s -= stall + el.startup_s
     quorum_s -= el.stall_s * stalled
-    slow = 1.0 + el.overhead
+    slow = 1.0 + over
     if sync_period:
         slow *= sync_period / (sync_period - sync) if sync_period > sync else math.inf
     useful = live_s / slow
@@ -299,7 +318,7 @@ def _group_replicate(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic, kind: 
     raw = total_parts.sum()
     share = total_parts / raw if raw > 0 else np.zeros(3)
     overhead = live_s - useful
-    sync_part = live_s / (1 + el.overhead) - useful if sync_period else 0.0
+    sync_part = live_s / (1 + over) - useful if sync_period else 0.0
     badput = {
         "overhead": (overhead - sync_part) / R, "sync": sync_part / R,
         "missing": absent * share[0] / R, "heal": absent * share[1] / R, "recompute": absent * share[2] / R,
