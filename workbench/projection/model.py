@@ -278,7 +278,7 @@ def _absences(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic, sync_period_s
     return merged, parts, stalls, stalled
 
 
-def _group_replicate(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic, kind: str) -> dict:
+def _group_replicate(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic) -> dict:
     H, R = job.horizon_s, job.groups
     sync = el.sync_s(job) if isinstance(el, DiLoCo) else 0.0
     over = el.step_overhead(job)
@@ -322,7 +322,8 @@ def _group_replicate(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic, kind: 
     badput = {
         "overhead": (overhead - sync_part) / R, "sync": sync_part / R,
         "missing": absent * share[0] / R, "heal": absent * share[1] / R, "recompute": absent * share[2] / R,
-        "stall": (stall - min(discarded, stall)) / R, "discarded": min(discarded, stall) / R, "no_quorum": no_quorum / R, "startup": el.startup_s / R,
+        "stall": (stall - min(discarded, stall)) / R, "discarded": min(discarded, stall) / R,
+        "no_quorum": no_quorum / R, "startup": el.startup_s / R,
     }
     return {
         "useful_s": useful / R,
@@ -377,7 +378,7 @@ class Projection:
                 if name == "checkpoint-restart":
                     reps.append(_restart_replicate(job, t, self.restart, mtbf))
                 else:
-                    reps.append(_group_replicate(job, t, g, self.elastic if name == "elastic" else self.diloco, name))
+                    reps.append(_group_replicate(job, t, g, self.elastic if name == "elastic" else self.diloco))
             good = np.array([r["useful_s"] / job.horizon_s for r in reps])
             res = {
                 "goodput": float(good.mean()),
