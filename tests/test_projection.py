@@ -240,3 +240,20 @@ def test_projecting_this_machines_runs_reproduces_their_goodput(start_run):
     assert shown["inputs"]["job"]["gpus"] == 4096 and set(shown["projection"]) >= {"elastic", "diloco"}
     bad = workbench_cli("project", str(results["4 faults"].run_dir), "--gpus", "0")
     assert bad.returncode == 2 and bad.stderr.strip() == "workbench project: --gpus: must be > 0 (>= 0 for --overhead, --spares)"
+
+
+def test_calibration_reads_a_hand_built_log(tmp_path):
+    """test_breakeven's logs (a real EventWriter, times by construction): group 1 killed at 50.06 s,
+    its next attempt starts at 52.0 s and steps again from 55.0 s, no heal event: replacement 1.94 s,
+    restart 55.0 − 52.0 = 3.0 s; group 0 never slows down: stall 0. Per accelerator the elastic run
+    makes 128 / 2 = 64 samples/s, the checkpoint-restart baseline 256 / 2 = 128: overhead 1.0."""
+    from .test_breakeven import elastic_log, restart_log
+
+    cal = calibrate(elastic_log(tmp_path, True), baseline=restart_log(tmp_path, False))
+    assert cal["trace"] == [(pytest.approx(400 * 0.125 + 0.06 - 0.125, abs=1e-6), 1)]
+    assert cal["replacement_s"] == pytest.approx(1.94, abs=1e-6)
+    assert cal["restart_s"] == pytest.approx(3.0, abs=1e-6) and cal["heal_s"] == 0.0
+    assert cal["stall_s"] == pytest.approx(0.0, abs=1e-9)
+    assert cal["overhead"] == pytest.approx(1.0, rel=1e-12)
+    cr = calibrate(restart_log(tmp_path / "b", True))
+    assert cr["restart_s"] == pytest.approx(30.0, abs=1e-9) and cr["period_s"] == pytest.approx(160 * 0.0625, rel=1e-9)

@@ -16,8 +16,8 @@ already define it (``analysis.recovery_timeline``, ``analysis.goodput``,
   killed again before it rejoined stalls no one), or, where every group was a fault's target and no group
   survived untouched, goodput's stall and discarded badput per fault per
   survivor; ``startup_s`` = goodput's startup badput; ``overhead`` against a
-  paired fault-free ``baseline`` run (per-group step rates), else 0 — the
-  run's own rate is its reference;
+  paired fault-free ``baseline`` run (steady-state samples/s per accelerator,
+  floored at 0), else 0 — the run's own rate is its reference;
 - checkpoint-restart (ddp-restart, MaxText): ``restart_s`` = median fault →
   the next attempt's first committed step (``breakeven.restart_seconds``:
   detection, relaunch, imports, restore), ``write_s`` = median checkpoint
@@ -110,11 +110,12 @@ def calibrate(run: Any, baseline: Any = None) -> dict:
             stall = (parts["stall"] + parts["discarded"]) * groups / (len(kills) * (groups - 1))
         overhead = 0.0
         if baseline is not None:
+            # Per accelerator: a plain-DDP baseline is one job of all the ranks, torchft one group per replica.
             b_events, b_spec = _events_and_spec(baseline)
             b = analysis.goodput(b_events, b_spec)
-            per_group = g["rate_samples_per_s"] / groups
-            b_groups = b_spec.replicas if trainer_kind(b_spec.trainer).elastic else 1
-            overhead = (b["rate_samples_per_s"] / b_groups) / per_group - 1
+            mine = g["rate_samples_per_s"] / (spec.replicas * spec.nproc_per_replica)
+            theirs = b["rate_samples_per_s"] / (b_spec.replicas * b_spec.nproc_per_replica)
+            overhead = max(0.0, theirs / mine - 1)  # a faster run than its baseline is noise, not a negative cost
         out.update(replacement_s=replacement, heal_s=heal, restart_s=None if back is None else max(0.0, back - heal),
                    stall_s=stall, startup_s=g["badput_s"]["startup"] * groups, overhead=overhead)
     else:
@@ -180,13 +181,19 @@ def project(run: Any, baseline: Any = None, measured_costs: bool = False, replic
     strategy = reproduced["strategy"]
     carried = {}
     if measured_costs:
-        carried = {k: cal[k] for k in CARRIED[strategy] if cal.get(k) is not None}
-    p = Projection().replace(**{**carried, **inputs})
+        carried = {k: cal[k] for k in CARRIED[strategy] if cal.get(k) is not None
+                   and (k != "overhead" or baseline is not None)}  # without a baseline the run is its own reference
+    p = Projection().replace(**inputs)
+    owners = (p.elastic, p.diloco) if strategy == "elastic" else (p.restart,)
+    for k, v in carried.items():
+        if k not in inputs:
+            for part in owners[:1] if k == "overhead" else owners:
+                setattr(part, k, v)
     source = {k: "given" for k in inputs}
     if "device_mtbf_h" not in inputs:
         p = p.replace(device_mtbf_h=sources.meta_device_mtbf_h(p.job.gpus))
         source["device_mtbf_h"] = "sources.META_RSC (job MTTF at this size)"
-    source.update({k: "measured" for k in carried if k not in inputs})
+    source.update({f"{strategy}.{k}": "measured" for k in carried if k not in inputs})
     return {
         "run_dir": str(getattr(run, "run_dir", "")),
         "reproduced": {k: reproduced[k] for k in ("strategy", "predicted", "measured")},
