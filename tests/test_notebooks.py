@@ -116,3 +116,30 @@ def test_maxtext_restart_notebook_runs_headless(run_root, monkeypatch):
     assert mx.summary()["restarts"] == 1
     # Elastic: the scheduled kill of group 1 healed from a live peer.
     assert any(e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1 for e in ft.event_records())
+
+
+@pytest.mark.slow
+def test_what_if_at_scale_notebook_runs_headless(run_root):
+    """Its measured point is the goodput of the run it left behind (read here from that run's events
+    by `analysis.goodput`, the measurement the projection is checked against), and each crossing it
+    marks lies where two of its plotted strategies change order."""
+    from workbench import analysis
+
+    nb, states = execute("07_what_if_at_scale.ipynb", run_root)
+    ((run_dir, state),) = states.items()
+    assert state == "completed"
+    run = attach(run_dir)
+    assert len([e for e in run.event_records() if e["kind"] == "fault"]) == 2
+    shown = displayed(nb, "fig = ui.result")
+    (x,), (y,) = shown["measured here"]
+    assert x == run.spec.replicas
+    assert y == pytest.approx(analysis.goodput(run.event_records(), run.spec)["goodput"], abs=1e-9)
+    lines = shown["lines"]
+    assert len(lines) == 3 and len({tuple(v[0]) for v in lines.values()}) == 1
+    xs = next(iter(lines.values()))[0]
+    assert shown["crossing"] is not None  # at the default sliders checkpoint-restart and elastic cross
+    for cx, _ in zip(*shown["crossing"]):
+        k = next(i for i in range(len(xs) - 1) if xs[i] <= cx <= xs[i + 1])
+        flips = [(a, b) for a in lines for b in lines if a < b
+                 and (lines[a][1][k] - lines[b][1][k]) * (lines[a][1][k + 1] - lines[b][1][k + 1]) < 0]
+        assert flips, (cx, k)

@@ -132,6 +132,14 @@ class Run:
         self.refresh()
         return {**analysis.summary(self._events, self.spec), "run_dir": str(self.run_dir)}
 
+    def project(self, **kwargs) -> dict:
+        """This run's job projected to another scale (``workbench.projection.calibrate.project``):
+        ``run.project(gpus=4096, groups=8, device_mtbf_h=5e4)``."""
+        from .projection.calibrate import project
+
+        self.refresh()
+        return project(self, **kwargs)
+
     # -- waiting -------------------------------------------------------------
     def wait_for(self, predicate: Callable[["Run"], bool], timeout: float = 300.0, poll: float = 0.2) -> "Run":
         """Poll the event log until ``predicate(run)`` holds; TimeoutError otherwise."""
