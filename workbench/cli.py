@@ -89,6 +89,14 @@ def cmd_status(args) -> int:
               + (f"  bad event lines {st['bad_lines']}" if st["bad_lines"] else ""))
         for r, s in st["replicas"].items():
             print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}")
+        ck = st.get("checkpoints")
+        if ck is not None:
+            last = ck["last_durable"]
+            print("  last durable checkpoint: " + (f"step {last['step']}  {last['path']}" + (
+                "" if last["marker_present"] else "  (commit marker missing on disk)") if last else "none"))
+            for flag in ("incomplete", "skipped"):
+                if ck[flag]:
+                    print(f"  {flag} save at step {', '.join(map(str, ck[flag]))}")
     return 0
 
 

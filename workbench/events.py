@@ -53,6 +53,7 @@ KINDS = (
     "heal",
     "checkpoint",
     "fault",
+    "armed",
     "restart",
     "requeue",
     "hang",
