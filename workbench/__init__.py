@@ -17,6 +17,19 @@ from .sweep import Sweep, attach_sweep, sweep
 from .replay import replay
 
 
+def matrix(spec="demo", overrides=None, **kwargs):
+    """The fault matrix (``workbench.matrix``): fault kinds × trainers × backends, N trials each."""
+    from .matrix import matrix as _matrix
+
+    return _matrix(spec, overrides, **kwargs)
+
+
+def attach_matrix(matrix_dir):
+    from .matrix import attach_matrix as _attach
+
+    return _attach(matrix_dir)
+
+
 def dashboard(run, **kwargs):
     """The live dashboard of a run (a ``Run`` or its directory): ``wb.dashboard(run)``.
 
@@ -34,5 +47,6 @@ def comparison(source, **kwargs):
     return ComparisonWidget(source, **kwargs)
 
 
-__all__ = ["dashboard", "comparison", "Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit", "Sweep", "sweep", "attach_sweep", "replay"]
+__all__ = ["dashboard", "comparison", "Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit", "Sweep", "sweep", "attach_sweep", "replay",
+           "matrix", "attach_matrix"]
 __version__ = "0.1.0"

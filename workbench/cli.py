@@ -187,6 +187,28 @@ def cmd_sweep(args) -> int:
     return 0 if (table["state"] == "completed").all() else 1
 
 
+def cmd_matrix(args) -> int:
+    from .matrix import OUTCOMES, matrix
+
+    window = None
+    if args.window:
+        lo, _, hi = args.window.partition(":")
+        try:
+            window = (int(lo), int(hi))
+        except ValueError:
+            raise SpecError(f"window: expected FIRST:LAST steps such as 5:15, got {args.window!r}") from None
+    mx = matrix(args.config, args.overrides, faults=args.faults, trainers=args.trainers, backends=args.backends,
+                trials=args.trials, window=window, seed=args.seed, max_parallel=args.max_parallel)
+    print(mx.matrix_dir, flush=True)
+    if not _follow(mx.sweep, args.detach):
+        return 0
+    table = mx.table()
+    cols = ["fault", "trainer", "backend", "status", "trials", *OUTCOMES, "rate", "ci_low", "ci_high",
+            *[c for c in table.columns if c.endswith("_median_s") or c.endswith("_p95_s")]]
+    print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
 def cmd_replay(args) -> int:
     from .compare import replay_comparison
     from .replay import replay
@@ -302,6 +324,19 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-parallel", type=int, default=None, help="runs at a time (default: 1 locally, all on Slurm)")
     s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
     s.set_defaults(fn=cmd_sweep)
+
+    s = sub.add_parser("matrix", help="fault kinds × trainers × backends, N runs each: recovery rates and phases")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*", help="key=value for every trial")
+    s.add_argument("--faults", default="kill,hang,preempt,abort", help="comma-separated fault kinds")
+    s.add_argument("--trainers", default=None, help="comma-separated trainers (default: the config's)")
+    s.add_argument("--backends", default=None, help="comma-separated backends (default: the config's cluster)")
+    s.add_argument("--trials", type=int, default=10, help="runs per cell")
+    s.add_argument("--window", default=None, help="FIRST:LAST step the fault is drawn from (default: steps/5:steps/2)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--max-parallel", type=int, default=None, help="runs at a time (default: 1 locally, all on Slurm)")
+    s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
+    s.set_defaults(fn=cmd_matrix)
 
     s = sub.add_parser("replay", help="rerun RUN with its resolved spec and faults; prints the new run dir")
     s.add_argument("run")
