@@ -209,6 +209,14 @@ def cmd_matrix(args) -> int:
     return 0
 
 
+def cmd_drill(args) -> int:
+    from .drill import drill
+
+    table = drill(partition=args.partition, timeout_s=args.timeout)
+    print(table.to_string(index=False))
+    return 0
+
+
 def cmd_replay(args) -> int:
     from .compare import replay_comparison
     from .replay import replay
@@ -337,6 +345,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-parallel", type=int, default=None, help="runs at a time (default: 1 locally, all on Slurm)")
     s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
     s.set_defaults(fn=cmd_matrix)
+
+    s = sub.add_parser("drill", help="probe jobs: what preemption, --signal, requeue and arrays do on this Slurm")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--timeout", type=float, default=120.0, help="seconds each probe may take to start or come back")
+    s.set_defaults(fn=cmd_drill)
 
     s = sub.add_parser("replay", help="rerun RUN with its resolved spec and faults; prints the new run dir")
     s.add_argument("run")
