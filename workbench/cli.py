@@ -198,7 +198,8 @@ def cmd_matrix(args) -> int:
         except ValueError:
             raise SpecError(f"window: expected FIRST:LAST steps such as 5:15, got {args.window!r}") from None
     mx = matrix(args.config, args.overrides, faults=args.faults, trainers=args.trainers, backends=args.backends,
-                trials=args.trials, window=window, seed=args.seed, max_parallel=args.max_parallel)
+                trials=args.trials, window=window, seed=args.seed, seconds=args.seconds,
+                max_parallel=args.max_parallel)
     print(mx.matrix_dir, flush=True)
     if not _follow(mx.sweep, args.detach):
         return 0
@@ -342,6 +343,7 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--trials", type=int, default=10, help="runs per cell")
     s.add_argument("--window", default=None, help="FIRST:LAST step the fault is drawn from (default: steps/5:steps/2)")
     s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seconds", type=float, default=None, help="how long a hang lasts (default: the kind's)")
     s.add_argument("--max-parallel", type=int, default=None, help="runs at a time (default: 1 locally, all on Slurm)")
     s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
     s.set_defaults(fn=cmd_matrix)

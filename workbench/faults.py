@@ -48,8 +48,9 @@ def control_writer(run_dir, spec_run_id: Optional[str] = None) -> EventWriter:
 
 
 def actions_for(run: RunHandle) -> list[str]:
-    """The fault kinds this run's backend injects (the dashboard's menu, the CLI's check)."""
-    return run.cluster.fault_kinds()
+    """The fault kinds this run's backend injects and its trainer has a target for (the dashboard's menu, the CLI's check)."""
+    trainer = trainer_kind(run.spec.trainer)
+    return [n for n in run.cluster.fault_kinds() if faultkinds.KINDS[n].supported_by(trainer)]
 
 
 def inject(run: RunHandle, action: str, target: Optional[int] = None, origin: str = "api",

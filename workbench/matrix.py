@@ -68,7 +68,8 @@ def _names(value, what: str, allowed: Sequence[str]) -> list[str]:
 
 
 def plan(base: Spec, faults, trainers=None, backends=None, trials: int = 10,
-         window: Optional[tuple[int, int]] = None, seed: int = 0) -> tuple[list[dict], list[dict]]:
+         window: Optional[tuple[int, int]] = None, seed: int = 0,
+         seconds: Optional[float] = None) -> tuple[list[dict], list[dict]]:
     """The cells and the points (one per trial of a runnable cell); pure, nothing created."""
     from .cluster import backend_names
     from .trainers.registry import trainer_names
@@ -100,6 +101,8 @@ def plan(base: Spec, faults, trainers=None, backends=None, trials: int = 10,
                     f = {"action": fault, "at_step": int(rng.integers(lo, hi + 1))}
                     if kind.targets == "replica":
                         f["target"] = int(rng.integers(base.replicas))
+                    if kind.has_duration and seconds is not None:
+                        f["seconds"] = float(seconds)
                     cell["points"].append(len(points))
                     points.append({"trainer": trainer, "cluster": backend, "faults": [f]})
     return cells, points
@@ -115,12 +118,16 @@ def matrix(
     trials: int = 10,
     window: Optional[tuple[int, int]] = None,
     seed: int = 0,
+    seconds: Optional[float] = None,
     max_parallel: Optional[int] = None,
 ) -> "Matrix":
-    """Plan the matrix, check every trial's spec, start its sweep; returns at once (see the module docstring)."""
+    """Plan the matrix, check every trial's spec, start its sweep; returns at once (see the module docstring).
+
+    ``seconds``: how long a fault that lasts (``hang``) lasts (default: the kind's).
+    """
     base = load_spec(spec, overrides)
     base = load_spec(base.to_dict(), {"faults": [], "chaos": None})
-    cells, points = plan(base, faults, trainers, backends, trials, window, seed)
+    cells, points = plan(base, faults, trainers, backends, trials, window, seed, seconds)
     if not points:
         raise SpecError("matrix: no cell can run: " + "; ".join(f"{c['fault']} × {c['trainer']} × {c['backend']}: "
                                                                 f"{c['why_not']}" for c in cells))
@@ -218,9 +225,12 @@ class Matrix:
             self._cache[key] = (size, trial_outcome(EventReader(run_dir).poll(), elastic))
         return self._cache[key][1]
 
-    def table(self) -> pd.DataFrame:
-        """One row per cell: counts per outcome, recovery rate with its Wilson interval, phases (median, p95)."""
-        trials = self.trials()
+    def table(self, trials: Optional[pd.DataFrame] = None) -> pd.DataFrame:
+        """One row per cell: counts per outcome, recovery rate with its Wilson interval, phases (median, p95).
+
+        ``trials``: a ``trials()`` frame taken earlier (before a stop, say); default: now.
+        """
+        trials = self.trials() if trials is None else trials
         rows = []
         for c in self.cells:
             t = trials[trials["cell"] == c["cell"]]
@@ -276,6 +286,7 @@ def heatmap_figure(table: pd.DataFrame, value: str = "rate"):
         else:
             text[i][j] = "" if np.isnan(v) else f"{v:.1f} s"
     title = "recovery rate (Wilson 95%)" if value == "rate" else value.replace("_", " ")
+    z = [[None if np.isnan(v) else float(v) for v in row] for row in z]  # plain lists: a gap is null in the JSON
     fig = go.Figure(go.Heatmap(z=z, x=cols, y=rows, text=text, texttemplate="%{text}", colorscale="RdYlGn"
                                if value == "rate" else "Viridis", zmin=0 if value == "rate" else None,
                                zmax=1 if value == "rate" else None, hoverongaps=True))
