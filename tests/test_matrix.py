@@ -122,3 +122,25 @@ def test_a_kill_during_a_save_leaves_it_incomplete_and_the_restart_uses_the_last
     final = status["checkpoints"]
     assert final["incomplete"] == [step] and final["last_durable"]["marker_present"] is True
     assert final["last_durable"]["step"] == max(e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable"))
+
+
+def test_the_ledger_tells_writing_skipped_and_incomplete_saves_and_checks_the_commit_marker(tmp_path):
+    committed = tmp_path / "step-00000005.pt"
+    committed.write_bytes(b"x")
+    ev = [
+        {"kind": "start", "t": 1.0, "replica": 0, "attempt": 0, "role": "replica", "pid": 1, "host": "h"},
+        {"kind": "checkpoint", "t": 2.0, "replica": 0, "attempt": 0, "step": 5, "state": "started", "durable": False},
+        {"kind": "checkpoint", "t": 2.1, "replica": 0, "attempt": 0, "step": 5, "durable": True, "path": str(committed)},
+        {"kind": "checkpoint", "t": 3.0, "replica": 0, "attempt": 0, "step": 10, "state": "started", "durable": False},
+        {"kind": "step", "t": 3.5, "replica": 0, "attempt": 0, "step": 11, "committed": True},
+        {"kind": "checkpoint", "t": 4.0, "replica": 0, "attempt": 0, "step": 15, "state": "started", "durable": False},
+    ]
+    state = RunState(1, 30)
+    state.apply(ev)
+    st = state.checkpoint_status()
+    assert (st["last_durable"]["step"], st["last_durable"]["marker_present"]) == (5, True)
+    assert (st["skipped"], st["writing"], st["incomplete"]) == ([10], [15], [])
+    state.apply([{"kind": "fault", "t": 4.5, "action": "kill", "target": 0, "attempt": 0}])
+    assert state.checkpoint_status()["incomplete"] == [15]
+    committed.unlink()  # a durable event whose file is gone: the marker is not on disk
+    assert state.checkpoint_status()["last_durable"]["marker_present"] is False
