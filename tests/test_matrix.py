@@ -16,7 +16,7 @@ from workbench.spec import SpecError
 
 from .conftest import kill_pids
 
-TINY = {"steps": 30, "replicas": 2, "min_replicas": 1, "checkpoint.every_steps": 5}
+TINY = {"steps": 30, "replicas": 2, "checkpoint.every_steps": 5}  # min_replicas 2 (demo): the survivor waits
 
 
 def test_plan_keeps_cells_that_cannot_run_and_draws_steps_inside_the_window():
