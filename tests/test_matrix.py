@@ -10,7 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench import faultkinds
-from workbench.matrix import OUTCOMES, attach_matrix, plan
+from workbench.fault_matrix import OUTCOMES, attach_matrix, plan
 from workbench.runstate import RunState
 from workbench.spec import SpecError
 

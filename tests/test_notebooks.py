@@ -124,7 +124,7 @@ def test_maxtext_restart_notebook_runs_headless(run_root, monkeypatch):
 @pytest.mark.slurm
 @pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root")
 def test_fault_matrix_notebook_runs_headless(run_root, tmp_path):
-    from workbench.matrix import attach_matrix
+    from workbench.fault_matrix import attach_matrix
 
     from .conftest import local_slurm
 

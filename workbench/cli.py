@@ -188,7 +188,7 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_matrix(args) -> int:
-    from .matrix import OUTCOMES, matrix
+    from .fault_matrix import OUTCOMES, matrix
 
     window = None
     if args.window:
