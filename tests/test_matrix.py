@@ -66,9 +66,11 @@ def test_a_2x2x3_matrix_counts_every_trial_and_gives_rates_with_wilson_intervals
         faults = [e for e in run.event_records() if e["kind"] == "fault"]
         assert [(f["action"], f["origin"]) for f in faults] == [(t.fault, "schedule")]
         assert run.spec.trainer == t.trainer and 5 <= run.spec.faults[0].at_step <= 15
-    # A kill and a preemption are what both trainers recover from: 3 of 3, Wilson 95% [0.438, 1].
+    # A kill and a preemption are what both trainers recover from: 3 of 3. Wilson 95% for k = n is
+    # [n / (n + z²), 1], z = 1.959964: [0.438503, 1].
     assert (table["recovered"] == 3).all(), table[["fault", "trainer", *OUTCOMES]]
-    assert table["ci_low"].round(3).tolist() == [0.438] * 4 and (table["ci_high"] == 1.0).all()
+    assert table["ci_low"].tolist() == pytest.approx([3 / (3 + 1.959964 ** 2)] * 4, abs=1e-6)
+    assert (table["ci_high"] == 1.0).all() and (table["rate"] == 1.0).all()
     elastic = table[table["trainer"] == "torchft-lite"].iloc[0]
     assert 0 < elastic["detect_median_s"] <= elastic["quorum_without_median_s"] <= elastic["first_step_median_s"]
     for r in table.itertuples():
