@@ -92,7 +92,7 @@ class _Drill:
             return []
         return [json.loads(line) for line in path.read_text().splitlines() if line.endswith("}")]
 
-    def wait(self, what: str, pred, timeout: float) -> bool:
+    def wait(self, pred, timeout: float) -> bool:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if pred():
@@ -113,7 +113,7 @@ class _Drill:
             except (OSError, ValueError):
                 return None
 
-        if not self.wait("death", lambda: (last() or 0) > after and time.time() - (last() or 0) > 1.0, timeout):
+        if not self.wait(lambda: (last() or 0) > after and time.time() - (last() or 0) > 1.0, timeout):
             return None
         return last()
 
@@ -149,7 +149,7 @@ def drill(partition: Optional[str] = None, conf: Optional[str] = None, run_root:
         d.sbatch("preempt", "--time=5", "--no-requeue")
         d.sbatch("requeue", "--time=5", "--requeue")
         d.sbatch("array", "--time=5", "--requeue", "--array=0-1")
-        started = d.wait("start", lambda: all(d.starts(n) for n in ("signal", "preempt", "requeue", "array-0",
+        started = d.wait(lambda: all(d.starts(n) for n in ("signal", "preempt", "requeue", "array-0",
                                                                        "array-1")), timeout_s)
         if not started:
             missing = [n for n in ("signal", "preempt", "requeue", "array-0", "array-1") if not d.starts(n)]
@@ -172,7 +172,7 @@ def drill(partition: Optional[str] = None, conf: Optional[str] = None, run_root:
         row("preempt", "seconds from the first signal to the kill",
             "measured" if dead and sigs else "not measured", (dead - sigs[0]["t"]) if dead and sigs else None)
 
-        back = d.wait("requeue", lambda: len(d.starts("requeue")) > 1, timeout_s)
+        back = d.wait(lambda: len(d.starts("requeue")) > 1, timeout_s)
         rq = d.starts("requeue")
         sigs = _signals(d.records("requeue"), t_requeue, rq[1]["t"] if back else float("inf"))
         row("requeue", "signals on scontrol requeue", ", ".join(s["sig"] for s in sigs) or "none caught")
@@ -184,13 +184,13 @@ def drill(partition: Optional[str] = None, conf: Optional[str] = None, run_root:
         else:
             row("requeue", "runs again under the same job id", f"not within {timeout_s:.0f} s")
 
-        back1 = d.wait("array", lambda: len(d.starts("array-1")) > 1, timeout_s)
+        back1 = d.wait(lambda: len(d.starts("array-1")) > 1, timeout_s)
         untouched = len(d.starts("array-0")) == 1 and not _signals(d.records("array-0"))
         row("array", "task 1 requeued alone, task 0 untouched",
             "yes" if back1 and untouched else f"no: task 1 back {back1}, task 0 untouched {untouched}",
             d.starts("array-1")[1]["t"] - t_array if back1 else None)
 
-        got = d.wait("signal", lambda: bool(_signals(d.records("signal"))), 75.0)
+        got = d.wait(lambda: bool(_signals(d.records("signal"))), 75.0)
         first = d.starts("signal")[0]["t"]
         sigs = _signals(d.records("signal"))
         row("signal", f"--signal=USR2@{SIGNAL_DELAY_S} (1 min limit) arrives",
@@ -215,7 +215,7 @@ def _sacct_rows(d: _Drill, row) -> None:
         found[:] = [ln for ln in r.stdout.splitlines() if ln.strip()]
         return bool(found) and not any(s in ln for ln in found for s in ("RUNNING", "PENDING"))
 
-    d.wait("sacct", settled, 30.0)
+    d.wait(settled, 30.0)
     by_job: dict[str, list[str]] = {}
     for ln in found:
         job, state, code = (ln.split("|") + ["", ""])[:3]
