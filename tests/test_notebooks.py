@@ -6,6 +6,8 @@ prints itself) are checked against those events.
 """
 
 import ast
+import json
+import os
 from pathlib import Path
 
 import nbformat
@@ -143,3 +145,37 @@ def test_what_if_at_scale_notebook_runs_headless(run_root):
         flips = [(a, b) for a in lines for b in lines if a < b
                  and (lines[a][1][k] - lines[b][1][k]) * (lines[a][1][k + 1] - lines[b][1][k + 1]) < 0]
         assert flips, (cx, k)
+
+
+@pytest.mark.slurm
+@pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root")
+def test_fault_matrix_notebook_runs_headless(run_root, tmp_path):
+    from workbench.fault_matrix import attach_matrix
+
+    from .conftest import local_slurm
+
+    with local_slurm(tmp_path / "slurm"):
+        nb, states = execute("08_fault_matrix.ipynb", run_root)
+    assert set(states.values()) == {"completed"} and len(states) == 6  # 2 kill cells + 1 checkpoint cell, 2 trials
+    (matrix_dir,) = (run_root / "sweeps").iterdir()
+    mx = attach_matrix(matrix_dir)
+    # Recovered, counted by hand: the run completed and the victim's next attempt committed a step after the fault.
+    by_cell: dict = {}
+    for t in mx.trials().itertuples():
+        ev = attach(t.run_dir).event_records()
+        (fault,) = [e for e in ev if e["kind"] == "fault"]
+        back = any(e["kind"] == "step" and e["replica"] == fault["target"] and e["attempt"] >= 1
+                   and e.get("committed") and e["t"] > fault["t"] for e in ev)
+        by_cell.setdefault((t.fault, t.trainer), []).append(back)
+    (heatmap,) = [o for c in nb.cells if c.cell_type == "code" and 'heatmap_figure(table, "rate")' in c.source
+                  for o in c.outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    trace = heatmap["data"]["application/vnd.plotly.v1+json"]["data"][0]
+    shown = {(f, col.split(" / ")[0]): (z, text) for f, zs, texts in zip(trace["y"], trace["z"], trace["text"])
+             for col, z, text in zip(trace["x"], zs, texts)}
+    for cell, backs in by_cell.items():
+        assert shown[cell][0] == pytest.approx(sum(backs) / len(backs)), (cell, shown[cell])
+    assert shown[("kill_during_checkpoint", "torchft-lite")] == (None, "no checkpoint_writer in torchft-lite")
+    assert shown[("node_down", "ddp-restart")] == (None, "cannot inject on local")
+    (drill_json,) = (run_root / "drills").glob("*/drill.json")
+    rows = {(r["probe"], r["question"]): r["answer"] for r in json.loads(drill_json.read_text())}
+    assert rows[("requeue", "runs again under the same job id")] == "yes"

@@ -7,6 +7,7 @@
     wb.dashboard(run)                           # the live view (loss, groups, faults) in a notebook
     run.wait(); run.summary()
     wb.attach(run.run_dir)                      # from any other kernel
+    wb.matrix("demo", faults="kill,hang", trials=10)  # fault kinds × trainers, N runs each: rates, phases
 """
 
 from .run import Run, attach, submit
@@ -15,6 +16,7 @@ from .spec_load import load_spec
 from .faults import FaultError
 from .sweep import Sweep, attach_sweep, sweep
 from .replay import replay
+from .fault_matrix import Matrix, attach_matrix, matrix
 
 
 def dashboard(run, **kwargs):
@@ -34,5 +36,6 @@ def comparison(source, **kwargs):
     return ComparisonWidget(source, **kwargs)
 
 
-__all__ = ["dashboard", "comparison", "Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit", "Sweep", "sweep", "attach_sweep", "replay"]
+__all__ = ["dashboard", "comparison", "Run", "Spec", "SpecError", "FaultError", "attach", "load_spec", "submit", "Sweep", "sweep", "attach_sweep", "replay",
+           "Matrix", "matrix", "attach_matrix"]
 __version__ = "0.1.0"

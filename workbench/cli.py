@@ -89,6 +89,14 @@ def cmd_status(args) -> int:
               + (f"  bad event lines {st['bad_lines']}" if st["bad_lines"] else ""))
         for r, s in st["replicas"].items():
             print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}")
+        ck = st.get("checkpoints")
+        if ck is not None:
+            last = ck["last_durable"]
+            print("  last durable checkpoint: " + (f"step {last['step']}  {last['path']}" + (
+                "" if last["marker_present"] else "  (commit marker missing on disk)") if last else "none"))
+            for flag in ("incomplete", "skipped"):
+                if ck[flag]:
+                    print(f"  {flag} save at step {', '.join(map(str, ck[flag]))}")
     return 0
 
 
@@ -216,6 +224,37 @@ def cmd_sweep(args) -> int:
     table = sw.table()
     print(table.drop(columns=["run_dir"], errors="ignore").to_string(index=False))
     return 0 if (table["state"] == "completed").all() else 1
+
+
+def cmd_matrix(args) -> int:
+    from .fault_matrix import OUTCOMES, matrix
+
+    window = None
+    if args.window:
+        lo, _, hi = args.window.partition(":")
+        try:
+            window = (int(lo), int(hi))
+        except ValueError:
+            raise SpecError(f"window: expected FIRST:LAST steps such as 5:15, got {args.window!r}") from None
+    mx = matrix(args.config, args.overrides, faults=args.faults, trainers=args.trainers, backends=args.backends,
+                trials=args.trials, window=window, seed=args.seed, seconds=args.seconds,
+                max_parallel=args.max_parallel)
+    print(mx.matrix_dir, flush=True)
+    if not _follow(mx.sweep, args.detach):
+        return 0
+    table = mx.table()
+    cols = ["fault", "trainer", "backend", "status", "trials", *OUTCOMES, "rate", "ci_low", "ci_high",
+            *[c for c in table.columns if c.endswith("_median_s") or c.endswith("_p95_s")]]
+    print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
+def cmd_drill(args) -> int:
+    from .drill import drill
+
+    table = drill(partition=args.partition, timeout_s=args.timeout)
+    print(table.to_string(index=False))
+    return 0
 
 
 def cmd_replay(args) -> int:
@@ -391,6 +430,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--max-parallel", type=int, default=None, help="runs at a time (default: 1 locally, all on Slurm)")
     s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
     s.set_defaults(fn=cmd_sweep)
+
+    s = sub.add_parser("matrix", help="fault kinds × trainers × backends, N runs each: recovery rates and phases")
+    s.add_argument("config")
+    s.add_argument("overrides", nargs="*", help="key=value for every trial")
+    s.add_argument("--faults", default="kill,hang,preempt,abort", help="comma-separated fault kinds")
+    s.add_argument("--trainers", default=None, help="comma-separated trainers (default: the config's)")
+    s.add_argument("--backends", default=None, help="comma-separated backends (default: the config's cluster)")
+    s.add_argument("--trials", type=int, default=10, help="runs per cell")
+    s.add_argument("--window", default=None, help="FIRST:LAST step the fault is drawn from (default: steps/5:steps/2)")
+    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--seconds", type=float, default=None, help="how long a hang lasts (default: the kind's)")
+    s.add_argument("--max-parallel", type=int, default=None, help="runs at a time (default: 1 locally, all on Slurm)")
+    s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
+    s.set_defaults(fn=cmd_matrix)
+
+    s = sub.add_parser("drill", help="probe jobs: what preemption, --signal, requeue and arrays do on this Slurm")
+    s.add_argument("--partition", default=None)
+    s.add_argument("--timeout", type=float, default=120.0, help="seconds each probe may take to start or come back")
+    s.set_defaults(fn=cmd_drill)
 
     s = sub.add_parser("replay", help="rerun RUN with its resolved spec and faults; prints the new run dir")
     s.add_argument("run")

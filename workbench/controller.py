@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from . import faults, procs, rundir
+from . import armed, faults, procs, rundir
 from .cluster import make_cluster
 from .events import EventReader, EventWriter
 from .lighthouse import Lighthouse
@@ -91,6 +91,8 @@ class Controller:
         self.spares_ready: set[int] = set()
         self.next_spare_id = 0
         self.bad_events = 0
+        self.triggers = armed.Triggers()
+        self.due_triggers: list[tuple[dict, dict]] = []
 
     # -- lifecycle -----------------------------------------------------------
     def run(self) -> str:
@@ -128,6 +130,7 @@ class Controller:
                 return "stopped", "stop requested"
             self._supervise_lighthouse()
             self._fire_schedule()
+            self._fire_triggers()
             self._detect_hangs()
             now = time.time()
             for spare_id, job in list(self.spares.items()):
@@ -267,6 +270,9 @@ class Controller:
     def _observe_one(self, e: dict) -> None:
         kind = e.get("kind")
         r = e.get("replica")
+        hit = self.triggers.observe(e)
+        if hit is not None:
+            self.due_triggers.append(hit)
         if kind == "phase" and e.get("phase") == "spare_ready" and e.get("spare") in self.spares:
             self.spares_ready.add(e["spare"])
         if kind == "exit" and r is not None and e.get("role") is None:
@@ -360,6 +366,19 @@ class Controller:
                     continue
                 self.writer.emit("warning", message=f"scheduled fault {i} not injected: {e}")
             self.fired.add(i)
+
+    def _fire_triggers(self) -> None:
+        """Armed faults whose trigger came (``workbench.armed``): inject them now, then disarm."""
+        while self.due_triggers:
+            arm, trigger = self.due_triggers.pop(0)
+            try:
+                faults.inject(self, arm["action"], arm["target"], origin=arm.get("origin") or "schedule",
+                              writer=self.writer, fire=True, checkpoint_step=trigger.get("step"),
+                              armed_t=arm.get("t"))
+            except faults.FaultError as e:
+                self.writer.emit("warning", message=f"armed {arm['action']} not injected: {e}")
+            finally:
+                armed.disarm(self.run_dir, arm.get("trigger") or "checkpoint", arm["target"])
 
     def hang_timeout_s(self) -> float:
         h = self.spec.hang

@@ -54,6 +54,7 @@ KINDS = (
     "heal",
     "checkpoint",
     "fault",
+    "armed",
     "restart",
     "requeue",
     "hang",

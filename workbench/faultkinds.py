@@ -20,6 +20,17 @@ is one row here and nothing else.
 | ``node_down`` | replica | its node is set DOWN (Slurm): every job on it fails | node RESUME |
 | ``slurmd_kill`` | replica | SIGKILL to its node's slurmd (dev cluster): the node stops answering | slurmd restart |
 | ``lighthouse_kill`` | lighthouse | SIGKILL to the lighthouse; the controller restarts it | controller |
+| ``kill_store_host`` | replica | SIGKILL to the process hosting the group's rendezvous store | relaunch |
+| ``kill_rank0`` | replica | SIGKILL to the group's rank 0 | relaunch |
+| ``kill_during_checkpoint`` | replica | armed; SIGKILL once the checkpoint writer starts a save | relaunch |
+
+Single points. ``process`` names which process of the target a kind hits, as
+a field of the trainer's row (``trainers/registry.py``: ``store_host``,
+``rank0``, ``checkpoint_writer``); a trainer whose field is None has no such
+process, and the kind does not apply to it (:meth:`FaultKind.supported_by`).
+A kind with a ``trigger`` is not injected when asked: it is *armed*
+(``workbench.armed``) and the run controller injects it when the trigger
+event arrives (``"checkpoint"``: the writer's ``checkpoint state=started``).
 
 A fault is recorded as one ``fault`` event (``action`` = the kind's name);
 its undo, where it has one, as a ``fault`` event with ``action="resume"``
@@ -48,6 +59,9 @@ class FaultKind:
     something else). ``backends``: the backends that can inject it (None:
     every backend, which is what a signal-shaped kind gets). ``state_after``:
     what the run-state fold calls the target once the fault is recorded.
+    ``process``: ``"group"`` (the group's recorded process) or the name of
+    the trainer-table field that says which process it is. ``trigger``: the
+    event that fires an armed kind (None: injected at once).
     """
 
     name: str
@@ -60,9 +74,15 @@ class FaultKind:
     default_seconds: Optional[float] = None
     backends: Optional[tuple[str, ...]] = ALL_BACKENDS
     state_after: Optional[str] = None
+    process: str = "group"
+    trigger: Optional[str] = None
 
     def supported_on(self, backend: str) -> bool:
         return self.backends is None or backend in self.backends
+
+    def supported_by(self, trainer) -> bool:
+        """Whether ``trainer`` (a ``TrainerKind``) has the process this kind hits."""
+        return self.process == "group" or getattr(trainer, self.process, None) is not None
 
 
 KINDS: dict[str, FaultKind] = {k.name: k for k in (
@@ -79,6 +99,13 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("slurmd_kill", "replica", True, False, True, "SIGKILL to the node's slurmd, restarted after `seconds`",
               default_seconds=10.0, backends=("slurm",), state_after="dead"),
     FaultKind("lighthouse_kill", "lighthouse", False, False, False, "SIGKILL to the lighthouse; the controller restarts it"),
+    FaultKind("kill_store_host", "replica", True, False, False, "SIGKILL to the rank hosting the group's rendezvous store",
+              signal=_signal.SIGKILL, backends=("local",), state_after="dead", process="store_host"),
+    FaultKind("kill_rank0", "replica", True, False, False, "SIGKILL to the group's rank 0",
+              signal=_signal.SIGKILL, backends=("local",), state_after="dead", process="rank0"),
+    FaultKind("kill_during_checkpoint", "replica", True, False, False,
+              "armed: SIGKILL to the checkpoint writer once it starts a save",
+              signal=_signal.SIGKILL, state_after="dead", process="checkpoint_writer", trigger="checkpoint"),
 )}
 
 
@@ -94,6 +121,11 @@ def names(backend: Optional[str] = None) -> list[str]:
 def ending_kinds() -> frozenset[str]:
     """Kinds after which the target group comes back as a new attempt."""
     return frozenset(k.name for k in KINDS.values() if k.ends_process)
+
+
+def names_for(trainer, backend: Optional[str] = None) -> list[str]:
+    """The kinds that apply to ``trainer`` (a ``TrainerKind``) and, given it, ``backend``."""
+    return [n for n in names(backend) if KINDS[n].supported_by(trainer)]
 
 
 def require(name: str, backend: Optional[str] = None) -> FaultKind:

@@ -18,9 +18,10 @@ import signal
 from pathlib import Path
 from typing import Optional, Protocol
 
-from . import faultkinds
+from . import armed, fault_targets, faultkinds
 from .cluster.base import FaultError
 from .events import EventWriter
+from .trainers.registry import trainer_kind
 
 ORIGINS = ("api", "cli", "button", "schedule", "watchdog")
 
@@ -47,18 +48,28 @@ def control_writer(run_dir, spec_run_id: Optional[str] = None) -> EventWriter:
 
 
 def actions_for(run: RunHandle) -> list[str]:
-    """The fault kinds this run's backend injects (the dashboard's menu, the CLI's check)."""
-    return run.cluster.fault_kinds()
+    """The fault kinds this run's backend injects and its trainer has a target for (the dashboard's menu, the CLI's check)."""
+    trainer = trainer_kind(run.spec.trainer)
+    return [n for n in run.cluster.fault_kinds() if faultkinds.KINDS[n].supported_by(trainer)]
 
 
 def inject(run: RunHandle, action: str, target: Optional[int] = None, origin: str = "api",
-           seconds: Optional[float] = None, writer: Optional[EventWriter] = None) -> dict:
-    """Inject one fault and record it. Raises FaultError (nothing done) on bad input."""
+           seconds: Optional[float] = None, writer: Optional[EventWriter] = None, fire: bool = False,
+           **fields) -> dict:
+    """Inject one fault and record it. Raises FaultError (nothing done) on bad input.
+
+    A kind with a ``trigger`` is armed instead (an ``armed`` event; see ``workbench.armed``)
+    unless ``fire``: the controller fires it, with the trigger's ``fields``, when its event comes.
+    """
     backend = run.spec.cluster
     try:
         kind = faultkinds.require(action, backend)
     except ValueError as e:
         raise FaultError(f"action: {e}") from None
+    trainer = trainer_kind(run.spec.trainer)
+    if not kind.supported_by(trainer):
+        raise FaultError(f"action: {kind.name} does not apply to trainer {trainer.name} (it has no "
+                         f"{kind.process}); allowed: {', '.join(faultkinds.names_for(trainer, backend))}")
     if origin not in ORIGINS:
         raise FaultError(f"origin: {origin!r}; allowed: {', '.join(ORIGINS)}")
     if kind.has_duration:
@@ -84,5 +95,11 @@ def inject(run: RunHandle, action: str, target: Optional[int] = None, origin: st
     replicas = state.groups
     if not 0 <= target < replicas:
         raise FaultError(f"target: replica {target} out of range; allowed: 0..{replicas - 1}")
-    fields = run.cluster.inject(kind, state.replicas[target], seconds, origin)
+    view = fault_targets.target_view(kind, trainer, state, target)
+    if kind.trigger and not fire:
+        armed.arm(run.run_dir, kind.trigger, view.replica, {"action": kind.name, "origin": origin})
+        return writer.emit("armed", action=kind.name, target=view.replica, origin=origin, trigger=kind.trigger)
+    proc = fault_targets.target_proc(kind, trainer, view)
+    extra = {"proc": proc} if proc is not None else {}
+    fields = {**fields, **run.cluster.inject(kind, view, seconds, origin, **extra)}
     return writer.emit("fault", action=kind.name, origin=origin, seconds=seconds, **fields)

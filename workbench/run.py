@@ -125,6 +125,7 @@ class Run:
             "steps_target": self.spec.steps, "step": st.max_committed, **st.counts(),
             "bad_lines": self.bad_lines, "controller": self.controller_gone() or "running",
             "replicas": {str(r): v.as_dict() for r, v in sorted(st.replicas.items())},
+            "checkpoints": None if trainer_kind(self.spec.trainer).elastic else st.checkpoint_status(),
         }
 
     def summary(self) -> dict:

@@ -39,6 +39,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from . import faultkinds
+from .checkpoint_ledger import CheckpointLedger
 from .procs import Proc
 
 REPLICA_STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
@@ -117,6 +118,7 @@ class RunState:
         self.lighthouse_procs: list[Proc] = []
         self.spares: dict[int, Proc] = {}
         self.restores: list[dict] = []
+        self.checkpoints = CheckpointLedger()
         self.max_committed = 0
         self.faults = self.restarts = self.heals = 0
         self.events_seen = 0
@@ -274,6 +276,8 @@ class RunState:
         step = e.get("step")
         if committed and isinstance(step, int):
             self.max_committed = max(self.max_committed, step)
+        if self.checkpoints.open:
+            self.checkpoints.stepped(e)
         v = self._own(e)
         if v is None or not self._progress(v, e, t):
             return
@@ -326,6 +330,9 @@ class RunState:
         elif action == faultkinds.RESUME and v.state == "hung":
             v.hang = None
             v.state = "participating"
+
+    def _on_checkpoint(self, e: dict, t: float) -> None:
+        self.checkpoints.apply(e, t)
 
     def _on_hang(self, e: dict, t: float) -> None:
         v = self.view(e.get("target", e.get("replica")))
@@ -402,6 +409,10 @@ class RunState:
 
     def counts(self) -> dict:
         return {"faults": self.faults, "restarts": self.restarts, "heals": self.heals}
+
+    def checkpoint_status(self) -> dict:
+        """The last durable checkpoint and the saves that did not commit (``checkpoint_ledger``)."""
+        return self.checkpoints.status(self.replicas)
 
 
 _FIELD_TYPES = {  # a field that is present must have one of these types (None: absent is fine)

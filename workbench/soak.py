@@ -110,8 +110,12 @@ def check_invariants(run: Run) -> dict:
 
 
 def soak_mix(cluster: str) -> list[str]:
-    """Every fault kind the backend injects, a replica kill twice as often as each other kind."""
-    return faultkinds.names(cluster) + ["kill"]
+    """Every fault kind the backend injects, a replica kill twice as often as each other kind.
+
+    Without the single-point kinds (``process`` other than the group's): on torchft-lite, whose
+    store host and rank 0 are the group's own process, they are a ``kill`` under another name.
+    """
+    return [n for n in faultkinds.names(cluster) if faultkinds.KINDS[n].process == "group"] + ["kill"]
 
 
 def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int) -> dict:

@@ -283,15 +283,20 @@ class Spec(_Section):
                 f"min_replicas ({self.min_replicas}) must be <= replicas ({self.replicas})"
             )
         here = faultkinds.names(self.cluster)
+        applies = faultkinds.names_for(trainer_kind(self.trainer), self.cluster)
         for i, f in enumerate(self.faults):
             if f.action not in here:
                 raise ValueError(f"faults[{i}].action: {f.action} is not a fault on cluster {self.cluster}; "
                                  f"allowed: {', '.join(here)}")
+            if f.action not in applies:
+                raise ValueError(f"faults[{i}].action: {f.action} does not apply to trainer {self.trainer}; "
+                                 f"allowed: {', '.join(applies)}")
             if f.target is not None and f.target >= self.replicas and faultkinds.KINDS[f.action].targets == "replica":
                 raise ValueError(f"faults[{i}].target ({f.target}) must be < replicas ({self.replicas})")
         for a in self.chaos.actions if self.chaos else ():
-            if a not in here:
-                raise ValueError(f"chaos.actions: {a} is not a fault on cluster {self.cluster}; allowed: {', '.join(here)}")
+            if a not in applies:
+                raise ValueError(f"chaos.actions: {a} is not a fault on cluster {self.cluster} for trainer "
+                                 f"{self.trainer}; allowed: {', '.join(applies)}")
         lh = self.lighthouse
         if _loopback_only(self.cluster) and not lh.allow_non_loopback and not is_loopback(lh.bind_host):
             raise ValueError(f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "

@@ -35,8 +35,9 @@ class LocalCluster(Cluster):
         ex.update_parameters(timeout_min=7 * 24 * 60, tasks_per_node=1)
         return ex
 
-    def inject(self, kind: FaultKind, view, seconds, origin: str) -> dict:
-        proc = view.live_proc()
+    def inject(self, kind: FaultKind, view, seconds, origin: str, proc=None) -> dict:
+        """``proc``: another process of the group than its recorded one (``workbench.fault_targets``)."""
+        proc = proc or view.live_proc()
         if proc is None:
             raise FaultError(f"target: replica {view.replica} has no live process to {kind.name}")
         why = proc.why_not()

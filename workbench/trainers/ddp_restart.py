@@ -25,10 +25,12 @@ Protocol inside the job:
   to the others through a queue.
 - Rank 0 checkpoints model and optimizer state every ``checkpoint.every_steps``
   steps or ``checkpoint.every_s`` seconds (its own clock; the others simply
-  wait in the next all-reduce): write ``.step-N.pt.tmp``, fsync, rename to
-  ``step-N.pt``, fsync the directory, then emit ``checkpoint`` with
-  ``durable=True``. A name without the dot and suffix is therefore complete
-  (:data:`CHECKPOINTS`).
+  wait in the next all-reduce): emit ``checkpoint state=started``, write
+  ``.step-N.pt.tmp``, fsync, rename to ``step-N.pt`` (the commit marker),
+  fsync the directory, then emit ``checkpoint`` with ``durable=True``. A name
+  without the dot and suffix is therefore complete (:data:`CHECKPOINTS`). An
+  armed ``kill_during_checkpoint`` holds the save before the rename
+  (``workbench.armed``).
 - On start every worker loads the newest ``step-N.pt`` (N = committed steps it
   holds) and continues at step N+1; ``phase restored from_step=N`` is emitted
   on every relaunch (``from_step=0`` when no checkpoint existed yet).
@@ -46,6 +48,7 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Optional
 
+from .. import armed
 from ..events import EventWriter
 from .base import JobContext
 from .kit import CheckpointLayout, Heartbeat, StopRequest, die_with_parent, on_stop_signals, signal_pid, weights_checksum
@@ -59,8 +62,8 @@ def checkpoint_dir(run_dir) -> Path:
     return Path(run_dir) / "checkpoints" / "ddp-restart"
 
 
-def save_checkpoint(directory: Path, step: int, state: dict, keep: int) -> Path:
-    """Atomically publish ``step-<step>.pt``: tmp file, fsync, rename, fsync the directory."""
+def save_checkpoint(directory: Path, step: int, state: dict, keep: int, before_commit=None) -> Path:
+    """Atomically publish ``step-<step>.pt``: tmp file, fsync, (``before_commit()``), rename, fsync the directory."""
     import torch
 
     directory.mkdir(parents=True, exist_ok=True)
@@ -70,6 +73,8 @@ def save_checkpoint(directory: Path, step: int, state: dict, keep: int) -> Path:
         torch.save(state, f)
         f.flush()
         os.fsync(f.fileno())
+    if before_commit is not None:
+        before_commit()
     os.rename(tmp, final)
     fd = os.open(directory, os.O_RDONLY)
     try:
@@ -225,9 +230,11 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> s
                 every_s and time.monotonic() - last_ckpt_t >= every_s
             )
             if rank == 0 and due and step < steps:
+                writer.emit("checkpoint", step=step, state="started", durable=False)
                 t0 = time.perf_counter()
                 path = save_checkpoint(directory, step, {"model": model.state_dict(), "optim": optimizer.state_dict(),
-                                                         "step": step}, keep)
+                                                         "step": step}, keep,
+                                       before_commit=lambda: armed.hold_while_armed(ctx.run_dir, "checkpoint", rank))
                 writer.emit("checkpoint", step=step, path=str(path), seconds=time.perf_counter() - t0,
                             bytes=path.stat().st_size, durable=True)
             if due:

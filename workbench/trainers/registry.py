@@ -37,6 +37,15 @@ class TrainerKind:
     ``check_processes``: ``"module:function"`` that checks the trainer's own
     section against a job of N processes (``function(section, N)``, ValueError
     naming the key), called by the Slurm validation before submit.
+
+    Which process of a group the single-point fault kinds hit (``faultkinds``:
+    a kind's ``process`` names one of these fields; None: the trainer has no
+    such process and the kind does not apply): ``store_host`` hosts the
+    group's rendezvous TCPStore, ``rank0`` is its rank 0, ``checkpoint_writer``
+    writes its checkpoints and emits ``checkpoint`` with ``state="started"``
+    before each write. ``"group"``: the group's own recorded process;
+    ``"replica0"``: the process recorded as replica 0 (the rank 0 of a one-job
+    trainer); ``"child_rank0"``: the group's child with ``RANK=0``.
     """
 
     name: str
@@ -49,6 +58,9 @@ class TrainerKind:
     slurm_tasks: Optional[int] = None
     checkpoint_period: Optional[str] = None
     check_processes: Optional[str] = None
+    store_host: Optional[str] = None
+    rank0: Optional[str] = None
+    checkpoint_writer: Optional[str] = None
 
     def samples_per_step(self, spec) -> int:
         """Samples one writer's committed step trains on."""
@@ -71,10 +83,12 @@ KINDS: tuple[TrainerKind, ...] = (
     TrainerKind(
         "torchft-lite", "workbench.trainers.torchft_lite", elastic=True,
         sections=("model", "torchft", "lighthouse"), supports_spares=True, batch_from_model=True, slurm_tasks=1,
+        store_host="group", rank0="group",
     ),
     TrainerKind(
         "titan", "workbench.trainers.titan", elastic=True,
         sections=("titan", "torchft", "lighthouse"), checkpoint_period="titan.checkpoint_interval",
+        store_host="group", rank0="child_rank0",
     ),
     TrainerKind(
         "maxtext", "workbench.trainers.maxtext", elastic=False,
@@ -84,6 +98,7 @@ KINDS: tuple[TrainerKind, ...] = (
     TrainerKind(
         "ddp-restart", "workbench.trainers.ddp_restart", elastic=False,
         sections=("model", "checkpoint", "torchft"), batch_from_model=True,
+        store_host="replica0", rank0="replica0", checkpoint_writer="replica0",
     ),
 )
 _BY_NAME = {k.name: k for k in KINDS}

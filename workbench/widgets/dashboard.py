@@ -195,7 +195,11 @@ class Dashboard(w.VBox):
         except Exception as e:  # shown, not raised: a click has no cell to raise into
             self.fault_status.value = f"<span style='color:#c62828'>{html.escape(str(e))}</span>"
             return None
-        self.fault_status.value = html.escape(f"{action} → {event.get('target')} (pid {event.get('pid')})")
+        if event.get("kind") == "armed":
+            self.fault_status.value = html.escape(f"{action} armed on {event.get('target')}: fires on its next "
+                                                  f"{event.get('trigger')}")
+        else:
+            self.fault_status.value = html.escape(f"{action} → {event.get('target')} (pid {event.get('pid')})")
         return event
 
     # -- updating ------------------------------------------------------------------

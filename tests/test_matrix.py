@@ -1,0 +1,148 @@
+"""The fault matrix on the local backend, the single-point fault kinds, and the durable-checkpoint flag.
+
+Runs are tiny (30-40 steps, 2 replicas) and the matrix runs two at a time: the
+claims are about what each run recorded and how the matrix counts it, not speed.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+import workbench as wb
+from workbench import faultkinds
+from workbench.fault_matrix import OUTCOMES, attach_matrix, plan
+from workbench.runstate import RunState
+from workbench.spec import SpecError
+
+from .conftest import kill_pids
+
+TINY = {"steps": 30, "replicas": 2, "checkpoint.every_steps": 5}  # min_replicas 2 (demo): the survivor waits
+
+
+def test_plan_keeps_cells_that_cannot_run_and_draws_steps_inside_the_window():
+    base = wb.load_spec("demo", TINY)
+    cells, points = plan(base, "kill,node_down,kill_during_checkpoint", ["torchft-lite", "ddp-restart"], ["local"],
+                         trials=4, window=(6, 9), seed=3)
+    why = {(c["fault"], c["trainer"]): c.get("why_not") for c in cells}
+    assert why == {
+        ("kill", "torchft-lite"): None, ("kill", "ddp-restart"): None,
+        ("node_down", "torchft-lite"): "cannot inject on local", ("node_down", "ddp-restart"): "cannot inject on local",
+        ("kill_during_checkpoint", "torchft-lite"): "no checkpoint_writer in torchft-lite",
+        ("kill_during_checkpoint", "ddp-restart"): None,
+    }
+    assert len(points) == 3 * 4
+    assert all(6 <= p["faults"][0]["at_step"] <= 9 and 0 <= p["faults"][0]["target"] < 2 for p in points)
+    assert {p["faults"][0]["at_step"] for p in points} != {points[0]["faults"][0]["at_step"]}  # drawn, not fixed
+    with pytest.raises(SpecError, match=r"faults: 'bogus' not known; allowed: kill"):
+        plan(base, "kill,bogus")
+    with pytest.raises(SpecError, match=r"window: expected 1 <= first <= last < steps \(30\), got 20:40"):
+        plan(base, "kill", window=(20, 40))
+
+
+def test_a_kind_that_does_not_apply_to_the_trainer_is_refused_before_submit():
+    with pytest.raises(SpecError, match="faults\\[0\\].action: kill_during_checkpoint does not apply to trainer "
+                                        "torchft-lite; allowed: kill, abort"):
+        wb.load_spec("demo", {"faults": [{"action": "kill_during_checkpoint", "at_step": 5}]})
+    assert not faultkinds.KINDS["kill_rank0"].supported_on("slurm")
+
+
+@pytest.mark.slow
+def test_a_2x2x3_matrix_counts_every_trial_and_gives_rates_with_wilson_intervals(run_root):
+    mx = wb.matrix("demo", TINY, faults="kill,preempt", trainers="torchft-lite,ddp-restart", trials=3,
+                   window=(5, 15), seed=1, max_parallel=2)
+    try:
+        table = mx.wait(timeout=420)
+    finally:
+        mx.stop()
+        kill_pids(mx.sweep.pids())
+    assert list(zip(table["fault"], table["trainer"])) == [
+        ("kill", "torchft-lite"), ("kill", "ddp-restart"), ("preempt", "torchft-lite"), ("preempt", "ddp-restart")]
+    assert (table["status"] == "done").all() and (table["trials"] == 3).all()
+    assert (table[list(OUTCOMES)].sum(axis=1) == 3).all()
+
+    trials = mx.trials()
+    for t in trials.itertuples():  # each trial is a normal run directory with its one fault in the window
+        run = wb.attach(t.run_dir)
+        faults = [e for e in run.event_records() if e["kind"] == "fault"]
+        assert [(f["action"], f["origin"]) for f in faults] == [(t.fault, "schedule")]
+        assert run.spec.trainer == t.trainer and 5 <= run.spec.faults[0].at_step <= 15
+    # A kill and a preemption are what both trainers recover from: 3 of 3. Wilson 95% for k = n is
+    # [n / (n + z²), 1], z = 1.959964: [0.438503, 1].
+    assert (table["recovered"] == 3).all(), table[["fault", "trainer", *OUTCOMES]]
+    assert table["ci_low"].tolist() == pytest.approx([3 / (3 + 1.959964 ** 2)] * 4, abs=1e-6)
+    assert (table["ci_high"] == 1.0).all() and (table["rate"] == 1.0).all()
+    elastic = table[table["trainer"] == "torchft-lite"].iloc[0]
+    assert 0 < elastic["detect_median_s"] <= elastic["quorum_without_median_s"] <= elastic["first_step_median_s"]
+    for r in table.itertuples():
+        assert r.healed_or_restored_median_s <= r.first_step_median_s <= r.first_step_p95_s
+    again = attach_matrix(mx.matrix_dir).table()  # from the directory alone
+    assert again[["recovered", "rate"]].equals(table[["recovered", "rate"]])
+
+
+def _run_to_end(start_run, overrides, timeout=240):
+    run = start_run("demo", {**TINY, "trainer": "ddp-restart", **overrides})
+    status = run.wait(timeout=timeout)
+    assert status["state"] == "completed" and status["step"] == run.spec.steps, status
+    return run, status, run.event_records()
+
+
+@pytest.mark.slow
+def test_kill_rank0_and_kill_store_host_hit_rank_0_whatever_the_target(start_run):
+    run, _, ev = _run_to_end(start_run, {"steps": 40, "faults": [
+        {"action": "kill_rank0", "target": 1, "at_step": 8}, {"action": "kill_store_host", "target": 1, "at_step": 25}]})
+    starts = {(e["replica"], e["attempt"]): e["pid"] for e in ev if e["kind"] == "start" and e.get("role") == "replica"}
+    faults = [e for e in ev if e["kind"] == "fault"]
+    assert [(f["action"], f["target"], f["pid"]) for f in faults] == [
+        ("kill_rank0", 0, starts[(0, 0)]), ("kill_store_host", 0, starts[(0, 1)])]
+    assert [e["attempt"] for e in ev if e["kind"] == "restart"] == [1, 2]
+    from workbench import analysis
+
+    assert analysis.recovery_timeline(ev)["complete"].tolist() == [True, True]
+
+
+@pytest.mark.slow
+def test_a_kill_during_a_save_leaves_it_incomplete_and_the_restart_uses_the_last_durable_one(start_run):
+    run, status, ev = _run_to_end(start_run, {"faults": [{"action": "kill_during_checkpoint", "at_step": 7}]})
+    armed = [e for e in ev if e["kind"] == "armed"]
+    fault = next(e for e in ev if e["kind"] == "fault")
+    step = fault["checkpoint_step"]
+    started = next(e for e in ev if e["kind"] == "checkpoint" and e.get("state") == "started" and e["step"] == step)
+    assert [a["action"] for a in armed] == ["kill_during_checkpoint"] and armed[0]["t"] < started["t"] < fault["t"]
+    assert not [e for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["attempt"] == 0
+                and e["step"] == step]  # the save the kill landed in never committed
+    durable_before = max(e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["t"] < fault["t"])
+    restored = {e["from_step"] for e in ev if e["kind"] == "phase" and e.get("phase") == "restored"}
+    assert restored == {durable_before} and durable_before < step
+
+    # The run state right after the kill: the last durable checkpoint is the one before, and the save is flagged.
+    state = RunState(run.spec.replicas, run.spec.steps)
+    ended = next(e for e in ev if e["kind"] == "job" and e["attempt"] == 0)
+    state.apply(sorted((e for e in ev if e["t"] <= ended["t"]), key=lambda e: e["t"]))
+    mid = state.checkpoint_status()
+    assert mid["last_durable"]["step"] == durable_before and mid["incomplete"] == [step]
+    # At the end: the save is still flagged incomplete; the last durable one's commit marker is on disk.
+    final = status["checkpoints"]
+    assert final["incomplete"] == [step] and final["last_durable"]["marker_present"] is True
+    assert final["last_durable"]["step"] == max(e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable"))
+
+
+def test_the_ledger_tells_writing_skipped_and_incomplete_saves_and_checks_the_commit_marker(tmp_path):
+    committed = tmp_path / "step-00000005.pt"
+    committed.write_bytes(b"x")
+    ev = [
+        {"kind": "start", "t": 1.0, "replica": 0, "attempt": 0, "role": "replica", "pid": 1, "host": "h"},
+        {"kind": "checkpoint", "t": 2.0, "replica": 0, "attempt": 0, "step": 5, "state": "started", "durable": False},
+        {"kind": "checkpoint", "t": 2.1, "replica": 0, "attempt": 0, "step": 5, "durable": True, "path": str(committed)},
+        {"kind": "checkpoint", "t": 3.0, "replica": 0, "attempt": 0, "step": 10, "state": "started", "durable": False},
+        {"kind": "step", "t": 3.5, "replica": 0, "attempt": 0, "step": 11, "committed": True},
+        {"kind": "checkpoint", "t": 4.0, "replica": 0, "attempt": 0, "step": 15, "state": "started", "durable": False},
+    ]
+    state = RunState(1, 30)
+    state.apply(ev)
+    st = state.checkpoint_status()
+    assert (st["last_durable"]["step"], st["last_durable"]["marker_present"]) == (5, True)
+    assert (st["skipped"], st["writing"], st["incomplete"]) == ([10], [15], [])
+    state.apply([{"kind": "fault", "t": 4.5, "action": "kill", "target": 0, "attempt": 0}])
+    assert state.checkpoint_status()["incomplete"] == [15]
+    committed.unlink()  # a durable event whose file is gone: the marker is not on disk
+    assert state.checkpoint_status()["last_durable"]["marker_present"] is False
