@@ -12,12 +12,12 @@ cells and which point is which trial, written once.
 Each finished trial is one outcome, from its events alone:
 
 =================== ==========================================================
-recovered           the run completed, the fault's recovery timeline row is
-                    complete, and no other group crashed
+recovered           the run completed, the victim took part again (the
+                    timeline's ``participating`` milestone), and no other
+                    group crashed
 survivors_crashed   the run completed, but a group the fault did not target
                     ended unclean (``soak.unexplained_crashes``; elastic only)
-unrecovered         the run completed without the victim coming back
-                    (its timeline row misses a milestone)
+unrecovered         the run completed without the victim taking part again
 run_failed          the run did not complete
 not_injected        the fault never fired (the run ended first, say)
 =================== ==========================================================
@@ -157,7 +157,9 @@ def trial_outcome(events: list[dict], elastic: bool) -> dict:
     elif elastic and unexplained_crashes(events):
         out["outcome"] = "survivors_crashed"
     else:
-        out["outcome"] = "recovered" if bool(row["complete"]) else "unrecovered"
+        # Not the row's ``complete``: with min_replicas = replicas no quorum forms without a
+        # paused victim, so a hang that carried on lacks that milestone and still recovered.
+        out["outcome"] = "recovered" if not np.isnan(out["first_step"]) else "unrecovered"
     out["injected"] = row is not None
     return out
 
