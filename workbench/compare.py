@@ -36,6 +36,7 @@ from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
 from . import analysis
+from .analysis.figures import readable
 from .run import Run, attach
 
 RunLike = Union[Run, str, os.PathLike]
@@ -242,7 +243,7 @@ def loss_figure(runs: Sequence[RunLike], labels: Optional[Sequence[str]] = None,
                             hovertemplate=f"{label}<br>%{{text}}<br>step %{{x}}<extra></extra>")
     fig.update_layout(title=title, xaxis_title="step" if x == "step" else "seconds since first committed step",
                       yaxis_title="loss", height=380, legend_title_text=color_by or "")
-    return fig
+    return readable(fig)
 
 
 def metrics_figure(df: pd.DataFrame, x: str, metrics: Sequence[str] = METRICS) -> go.Figure:
@@ -260,7 +261,20 @@ def metrics_figure(df: pd.DataFrame, x: str, metrics: Sequence[str] = METRICS) -
         if pd.api.types.is_numeric_dtype(df[x]) and df[x].min() > 0 and df[x].max() / df[x].min() >= 10:
             fig.update_xaxes(type="log", row=1, col=j)
     fig.update_layout(height=330, title="figures by " + x, margin=dict(t=70))
-    return fig
+    return readable(fig)
+
+
+def stall_figure(table: pd.DataFrame, key: str, unit_s: float = 0.001, label: Optional[str] = None) -> go.Figure:
+    """Survivor stall against the swept ``key`` (notebook 04: the heartbeat timeout), with the line
+    stall = key for reference; ``unit_s`` is the seconds one unit of ``key`` is (ms: 0.001)."""
+    fig = go.Figure()
+    fig.add_scatter(x=table[key], y=table["survivor_stall_s"], mode="markers+lines", name="survivor stall",
+                    marker=dict(size=11))
+    top = float(pd.to_numeric(table[key], errors="coerce").max() or 0)
+    fig.add_scatter(x=[0, top], y=[0, top * unit_s], mode="lines", name="stall = timeout",
+                    line=dict(dash="dash", color="gray"))
+    fig.update_layout(xaxis_title=label or key, yaxis_title="survivor stall (s)", height=360)
+    return readable(fig)
 
 
 def parallel_figure(df: pd.DataFrame, columns: Sequence[str], color: Optional[str] = None) -> go.Figure:

@@ -13,13 +13,14 @@ import plotly.express as px
 import plotly.io as pio
 
 from . import analysis
+from .analysis.figures import readable
 from .run import Run, attach
 
 
 def loss_figure(metrics, events):
     df = metrics[metrics["committed"].astype(bool) & metrics["participating"].fillna(True).astype(bool)]
     fig = px.line(df, x="step", y="loss", color=df["replica"].astype(str), labels={"color": "replica"},
-                  hover_data=["attempt"], title="Loss per replica group")
+                  hover_data=["attempt"], title="Loss per replica group", height=380)
     steps = {}
     for e in events:
         if e.get("kind") == "step" and e.get("committed"):
@@ -30,8 +31,8 @@ def loss_figure(metrics, events):
             near = next((steps[t] for t in ts if t >= e["t"]), None)
             if near is not None:
                 fig.add_vline(x=near, line_dash="dot", line_color="red",
-                              annotation_text=f"{e['action']} r{e.get('target')}", annotation_font_size=9)
-    return fig
+                              annotation_text=f"{e['action']} r{e.get('target')}", annotation_font_size=12)
+    return readable(fig)
 
 
 def run_report(run: Run) -> str:

@@ -1,4 +1,11 @@
-"""Plotly figures of a run's recovery timeline and goodput breakdown."""
+"""Plotly figures of a run's recovery timeline and goodput breakdown, and the look every figure shares.
+
+:func:`readable` is applied to each figure the notebooks, the dashboard and
+the report show: text large enough for a projector (14 px, ticks included;
+plotly's default is 12) and heights that fit a 768-pixel-high screen whole.
+The browser test (tests/browser/test_classroom.py) measures them in chromium
+at a laptop's and a projector's size.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +16,13 @@ from .recovery import MILESTONES
 
 ROW_PX = 36  # plot-area pixels per fault: a bar a person can see and hover
 PLOT_MIN_PX = 160  # the plot area of a one-fault timeline; the height grows with the rows, never the margins
+FONT_PX = 14
+
+
+def readable(fig):
+    """The shared look: ``FONT_PX`` text (titles a little larger); returns ``fig``."""
+    fig.update_layout(font=dict(size=FONT_PX), title_font_size=FONT_PX + 2)
+    return fig
 
 
 def timeline_figure(timeline: pd.DataFrame):
@@ -29,7 +43,7 @@ def timeline_figure(timeline: pd.DataFrame):
                       legend=dict(orientation="h", y=-0.35 * PLOT_MIN_PX / max(PLOT_MIN_PX, ROW_PX * len(timeline)),
                                   yanchor="top"),
                       yaxis=dict(autorange="reversed"))
-    return fig
+    return readable(fig)
 
 
 def goodput_figure(g: dict):
@@ -42,4 +56,4 @@ def goodput_figure(g: dict):
         title=f"Badput: {g['lost_s']:.1f} s of full-rate work lost of {g['T_s']:.0f} s (goodput {g['goodput']:.3f})"
         if g.get("goodput") else "Badput", xaxis_title="full-rate seconds", height=320,
     )
-    return fig
+    return readable(fig)
