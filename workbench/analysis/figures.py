@@ -54,6 +54,7 @@ def goodput_figure(g: dict):
     fig = go.Figure(go.Bar(x=list(parts.values()), y=list(parts.keys()), orientation="h"))
     fig.update_layout(
         title=f"Badput: {g['lost_s']:.1f} s of full-rate work lost of {g['T_s']:.0f} s (goodput {g['goodput']:.3f})"
-        if g.get("goodput") else "Badput", xaxis_title="full-rate seconds", height=320,
+        if g.get("goodput") else "Badput", xaxis_title="full-rate seconds",
+        height=60 + 60 + max(PLOT_MIN_PX, ROW_PX * len(parts)), margin=dict(t=60, b=60),
     )
     return readable(fig)

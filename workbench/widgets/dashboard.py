@@ -159,12 +159,13 @@ class Dashboard(w.VBox):
         self._trace_of = {r: r for r in replicas}
         self._marker_trace = {kind: len(replicas) + i for i, kind in enumerate(MARKER_STYLE)}
         self.figure = go.Figure(traces, layout=dict(
-            height=360, margin=dict(l=50, r=10, t=30, b=40), title=dict(text="loss", x=0.01, font=dict(size=13)),
+            height=380, margin=dict(l=60, r=10, t=50, b=50), title=dict(text="loss", x=0.01, font=dict(size=13)),
             xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="loss")),
-            legend=dict(orientation="h", y=1.12, x=1, xanchor="right"), uirevision="keep", hovermode="closest",
+            legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"), uirevision="keep",
+            hovermode="closest",
         ))
         readable(self.figure)
-        self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="380px"))
+        self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="400px"))
         self.loss_box = w.Box([self.plot_output], layout=w.Layout(width="100%")).add_class("wb-loss-plot")
 
 
@@ -243,8 +244,8 @@ class Dashboard(w.VBox):
         s, x = self.state, self.x_toggle.value
         versions = {r: series.version for r, series in s.loss.items()}
         key = (x, s.markers_version, tuple(sorted(versions.items())))
-        if not force and self._drawn.get("loss") == key:
-            return
+        if self._drawn.get("loss") == key:
+            return  # the same figure again would be a new div in the browser, and a second redraw in flight
         if not force and self.running and time.monotonic() - self._plotted_at < self.plot_every:
             return  # each redraw ships the whole figure: a slow browser must not fall behind
         fig = self.figure
