@@ -48,7 +48,8 @@ test: check-test $(STAMP) maxtext-env slurm-pkgs browser-env
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on the notebooks, loopback only; it prints the URL with its token. No news or update
-# pop-ups: an empty news feed and a check-for-updates that never checks (what the browser tests use too).
+# pop-ups: browser-env writes fetchNews/checkForUpdates off into the venv's overrides.json, and the
+# flags give an empty news feed and a check-for-updates that never checks (tests/browser checks it).
 lab: browser-env
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root) \
 		--LabApp.news_url= --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate
