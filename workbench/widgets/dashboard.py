@@ -244,8 +244,8 @@ class Dashboard(w.VBox):
         s, x = self.state, self.x_toggle.value
         versions = {r: series.version for r, series in s.loss.items()}
         key = (x, s.markers_version, tuple(sorted(versions.items())))
-        if self._drawn.get("loss") == key:
-            return  # the same figure again would be a new div in the browser, and a second redraw in flight
+        if not force and self._drawn.get("loss") == key:
+            return
         if not force and self.running and time.monotonic() - self._plotted_at < self.plot_every:
             return  # each redraw ships the whole figure: a slow browser must not fall behind
         fig = self.figure
