@@ -3,7 +3,7 @@
 One real torchft-lite run (2 replica groups) serves the whole module, in order:
 
 1. the page for the newest run, buttons off: no code and no fault controls on
-   it, the grid and the loss plot update, events reach the page within a few
+   it, the grid and the loss plot update (the plot measured as in 3), events reach the page within a few
    poll periods (event → visible latency measured, median and p95, written to
    test-artifacts/classroom-latency.json), and a reload shows the run again,
    current and still updating;
@@ -229,6 +229,9 @@ def test_classroom_page_live_no_code_latency_and_reload(module_run, page, tmp_pa
         n = page.evaluate(JS_TRACE_LEN, "replica 0")
         wait_js(page, f"() => ({JS_TRACE_LEN})('replica 0') > {n}", timeout_s=30, what="plot grows")
         shot(page, "classroom.png")
+        problems, _ = _measure_all(page, {"dashboard loss": "document.querySelector('.wb-loss-plot .js-plotly-plot')"}, {}, "classroom")
+        assert not problems, "\n".join(problems)
+        page.set_viewport_size({"width": 1280, "height": 900})
 
         # event written → visible on the page
         probe = EventWriter(run.run_dir, "control-classroom-probe", run=run.run_dir.name)
@@ -290,7 +293,7 @@ timeline = analysis.recovery_timeline(run.event_records())
 runs, points = [run, run], [{{HB: 500}}, {{HB: 5000}}]   # one run as two sweep points: the check is of the drawing
 table = compare.table(runs, params=points)
 ##
-wb.dashboard(run)                                                  # notebooks 01-03
+wb.dashboard(run, faults=False)                                    # notebooks 01-03 (its loss plot: measured live, test 1)
 ##
 analysis.timeline_figure(timeline)                                 # notebook 02, one fault
 ##
@@ -305,7 +308,7 @@ compare.loss_figure(runs, labels=["500 ms", "5000 ms"], color_values=[500, 5000]
 compare.comparison_figures(runs, params=points, color_by=HB)[1]    # sweep_report_figures' figures by the key
 """
 # (cell, rows): which cells draw the timeline, and with how many rows
-FIGURE_CELLS = {1: "dashboard loss", 2: "timeline, 1 fault", 3: "timeline, 6 faults", 4: "comparison loss",
+FIGURE_CELLS = {2: "timeline, 1 fault", 3: "timeline, 6 faults", 4: "comparison loss",
                 5: "survivor stall", 6: "loss by heartbeat", 7: "figures by heartbeat"}
 TIMELINE_ROWS = {2: 1, 3: 6}
 
