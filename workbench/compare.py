@@ -281,7 +281,8 @@ def stall_figure(table: pd.DataFrame, key: str, unit_s: float = 0.001, label: Op
     top = float(pd.to_numeric(table[key], errors="coerce").max() or 0)
     fig.add_scatter(x=[0, top], y=[0, top * unit_s], mode="lines", name="stall = timeout",
                     line=dict(dash="dash", color="gray"))
-    fig.update_layout(xaxis_title=label or key, yaxis_title="survivor stall (s)", height=360)
+    fig.update_layout(xaxis_title=label or key, yaxis_title="survivor stall (s)", height=400, margin=dict(t=100),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left"))
     return readable(fig)
 
 

@@ -37,7 +37,10 @@ def timeline_figure(timeline: pd.DataFrame):
         ends_f = np.where(np.isnan(ends), prev, np.maximum(ends, prev))
         fig.add_bar(y=labels, x=ends_f - prev, base=prev, orientation="h", name=f"→ {name.replace('_', ' ')}")
         prev = ends_f
-    margin = dict(l=150, r=20, t=50, b=120)  # room for the row labels, and for the legend below the axis
+    # room for the row labels, and for the legend below the axis in up to three rows (a 600 px wide
+    # notebook beside JupyterLab's file browser on a 1024 px projector wraps it; plotly then takes the
+    # extra rows from the plot area, measured: 96 px left of 160 with b=120)
+    margin = dict(l=150, r=20, t=50, b=190)
     fig.update_layout(barmode="overlay", xaxis_title="seconds after the fault", title="Recovery timeline",
                       height=margin["t"] + margin["b"] + max(PLOT_MIN_PX, ROW_PX * len(timeline)), margin=margin,
                       legend=dict(orientation="h", y=-0.35 * PLOT_MIN_PX / max(PLOT_MIN_PX, ROW_PX * len(timeline)),
