@@ -39,8 +39,8 @@ def timeline_figure(timeline: pd.DataFrame):
         prev = ends_f
     # room for the row labels, and for the legend below the axis in up to three rows (a 600 px wide
     # notebook beside JupyterLab's file browser on a 1024 px projector wraps it; plotly then takes the
-    # extra rows from the plot area, measured: 96 px left of 160 with b=120)
-    margin = dict(l=150, r=20, t=50, b=190)
+    # extra rows from the plot area, measured: 96 px left of 160 with b=120, 148 with b=190)
+    margin = dict(l=150, r=20, t=50, b=210)
     fig.update_layout(barmode="overlay", xaxis_title="seconds after the fault", title="Recovery timeline",
                       height=margin["t"] + margin["b"] + max(PLOT_MIN_PX, ROW_PX * len(timeline)), margin=margin,
                       legend=dict(orientation="h", y=-0.35 * PLOT_MIN_PX / max(PLOT_MIN_PX, ROW_PX * len(timeline)),
