@@ -2,12 +2,14 @@
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV   ?= .venv
 PY     := $(VENV)/bin/python
-# The CPU build on this kind of machine; on a GPU/ROCm cluster install your torch into $(VENV) first.
+# The CPU build on this kind of machine. A GPU/ROCm cluster's build: `make env TORCH_INDEX=<its wheel index URL>`
+# (or any TORCH=... pip can install), before anything else is installed.
 TORCH  ?= torch==2.13.0
+TORCH_INDEX ?=
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lab bench soak clean maxtext-env slurm-pkgs browser-env prometheus-pkg
+.PHONY: demo test env lab classroom bench soak clean maxtext-env slurm-pkgs browser-env prometheus-pkg check-test
 
 # The install steps run apt-get and pip into shared places: never two at once, even under `make -j`.
 .NOTPARALLEL:
@@ -31,26 +33,35 @@ prometheus-pkg:
 	bash scripts/install-prometheus.sh
 
 $(STAMP): pyproject.toml requirements-titan.txt
-	@$(PYTHON) -c 'import sys; sys.exit(sys.version_info < (3, 11))' 2>/dev/null || \
-		{ echo "make: needs a Python >= 3.11 as PYTHON (now '$(PYTHON)'); set PYTHON=/path/to/python3.11"; exit 1; }
-	@test -x $(PY) || $(PYTHON) -c 'import ensurepip, venv' 2>/dev/null || \
-		{ echo "make: $(PYTHON) cannot create a virtual environment; on Debian/Ubuntu: apt-get install python3-venv"; exit 1; }
+	@PYTHON="$(PYTHON)" bash scripts/check-setup.sh demo
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check "$(TORCH)"
+	$(PY) -c "import torch" 2>/dev/null || $(PY) -m pip install -q --disable-pip-version-check \
+		$(if $(TORCH_INDEX),--index-url $(TORCH_INDEX)) "$(TORCH)"
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[test]" -r requirements-titan.txt "$(TORCH)"
 	touch $(STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/workbench demo
 
-test: $(STAMP) maxtext-env slurm-pkgs browser-env prometheus-pkg
+# What the machine must have (Python 3.11 with venv, a Python 3.12 for MaxText, apt-get as root),
+# checked before anything is installed: one line naming the first thing missing.
+check-test:
+	@PYTHON="$(PYTHON)" bash scripts/check-setup.sh test
+
+test: check-test $(STAMP) maxtext-env slurm-pkgs browser-env prometheus-pkg
 	$(PY) -m pytest $(PYTEST_ARGS)
 
 # JupyterLab on the notebooks, loopback only; it prints the URL with its token. No news or update
-# pop-ups: an empty news feed and a check-for-updates that never checks (what the browser tests use too).
+# pop-ups: browser-env writes fetchNews/checkForUpdates off into the venv's overrides.json, and the
+# flags give an empty news feed and a check-for-updates that never checks (tests/browser checks it).
 lab: browser-env
 	$(VENV)/bin/jupyter lab --ip 127.0.0.1 --no-browser --notebook-dir notebooks $(if $(filter 0,$(shell id -u)),--allow-root) \
 		--LabApp.news_url= --LabApp.check_for_updates_class=jupyterlab.handlers.announcements.NeverCheckForUpdate
+
+# The live dashboard of RUN (default: the newest run) as a page with no code, for a projector:
+# `make classroom [RUN=runs/...] [FAULTS=1] [PORT=8866]`; prints the URL with its token.
+classroom: browser-env
+	$(VENV)/bin/workbench classroom $(RUN) $(if $(FAULTS),--faults) $(if $(PORT),--port $(PORT))
 
 # Benchmarks (not part of `make test`): writes docs/benchmarks.md. `make bench BENCH_ARGS=--quick` for a smoke run.
 bench: $(STAMP)

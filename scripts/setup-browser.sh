@@ -26,5 +26,17 @@ then
     "$PY" -m pip install -q -r requirements-browser.txt
 fi
 
+# `make lab` opens with no pop-ups: JupyterLab asks "Would you like to get notified about official
+# Jupyter news?" whenever the fetchNews setting is unset, news URL or not; this environment's
+# defaults (overrides.json, which a user's own settings still override) answer it.
+"$PY" - <<'PY'
+import json, pathlib, sys
+path = pathlib.Path(sys.prefix) / "share" / "jupyter" / "lab" / "settings" / "overrides.json"
+data = json.loads(path.read_text()) if path.exists() else {}
+data.setdefault("@jupyterlab/apputils-extension:notification", {}).update({"fetchNews": "false", "checkForUpdates": False})
+path.parent.mkdir(parents=True, exist_ok=True)
+path.write_text(json.dumps(data, indent=2) + "\n")
+PY
+
 chromium --version
 "$PY" -c "import playwright, jupyterlab; print('jupyterlab', jupyterlab.__version__)"

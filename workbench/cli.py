@@ -358,6 +358,16 @@ def cmd_project(args) -> int:
     return 0
 
 
+def cmd_classroom(args) -> int:
+    from .classroom import ClassroomError, serve
+
+    try:
+        return serve(args.run, root=args.run_root, port=args.port, faults=args.faults)
+    except ClassroomError as e:
+        print(f"workbench classroom: {e}", file=sys.stderr)
+        return 2
+
+
 def cmd_cluster(args) -> int:
     from . import devcluster
 
@@ -469,6 +479,15 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replicates", type=int, default=32, help="Monte-Carlo replicates")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_project)
+
+    from .classroom import DEFAULT_PORT
+
+    s = sub.add_parser("classroom", help="the live dashboard as a page with no code (Voilà, 127.0.0.1, token)")
+    s.add_argument("run", nargs="?", help="run directory (default: the newest run under the run root, at each page load)")
+    s.add_argument("--run-root", default=None, help="where to look for the newest run (default $WORKBENCH_RUN_ROOT or ./runs)")
+    s.add_argument("--port", type=int, default=DEFAULT_PORT)
+    s.add_argument("--faults", action="store_true", help="show the fault buttons (off unless given)")
+    s.set_defaults(fn=cmd_classroom)
 
     s = sub.add_parser("cluster", help="local Slurm cluster: up | down | status")
     s.add_argument("rest", nargs=argparse.REMAINDER)

@@ -36,6 +36,7 @@ from plotly.colors import qualitative, sample_colorscale
 from plotly.subplots import make_subplots
 
 from . import analysis
+from .analysis.figures import readable
 from .run import Run, attach
 
 RunLike = Union[Run, str, os.PathLike]
@@ -240,27 +241,49 @@ def loss_figure(runs: Sequence[RunLike], labels: Optional[Sequence[str]] = None,
                             marker=dict(symbol="x", size=11, color=colors[i], line=dict(width=1, color="#7f0000")),
                             text=[f"{a} r{t} ({o})" for a, t, o in zip(faults["action"], faults["target"], faults["origin"])],
                             hovertemplate=f"{label}<br>%{{text}}<br>step %{{x}}<extra></extra>")
+    # the legend above the plot, across: a column of run labels beside it would take a projector's width
     fig.update_layout(title=title, xaxis_title="step" if x == "step" else "seconds since first committed step",
-                      yaxis_title="loss", height=380, legend_title_text=color_by or "")
-    return fig
+                      yaxis_title="loss", height=400, margin=dict(t=110),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left",
+                                  title_text=(color_by or "").rsplit(".", 1)[-1]))
+    return readable(fig)
 
 
 def metrics_figure(df: pd.DataFrame, x: str, metrics: Sequence[str] = METRICS) -> go.Figure:
     """Small multiples: each metric against the parameter ``x``, one panel per metric, markers by state."""
     metrics = [m for m in metrics if m in df and df[m].notna().any()]
-    fig = make_subplots(rows=1, cols=max(1, len(metrics)), subplot_titles=[m.replace("_", " ") for m in metrics])
+    cols = max(1, min(3, len(metrics)))  # three panels across at most: each keeps a readable width on a projector
+    rows = max(1, -(-len(metrics) // cols))
+    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[m.replace("_", " ") for m in metrics],
+                        vertical_spacing=0.2 if rows > 1 else 0.1)
     state_colors = {"completed": "#1e88e5", "failed": "#e53935", "stopped": "#757575"}
     xs = df[x].map(lambda v: v if isinstance(v, (int, float)) else repr(v))
-    for j, m in enumerate(metrics, start=1):
-        fig.add_scatter(x=xs, y=df[m], mode="markers+lines", row=1, col=j, showlegend=False, name=m,
+    label = x.rsplit(".", 1)[-1]
+    for j, m in enumerate(metrics):
+        row, col = divmod(j, cols)
+        fig.add_scatter(x=xs, y=df[m], mode="markers+lines", row=row + 1, col=col + 1, showlegend=False, name=m,
                         line=dict(color="#90a4ae", width=1),
                         marker=dict(size=10, color=[state_colors.get(s, "#ffb300") for s in df.get("state", [])]),
                         text=df.get("run_id"), hovertemplate=f"{x}=%{{x}}<br>{m}=%{{y:.4g}}<br>%{{text}}<extra></extra>")
-        fig.update_xaxes(title_text=x, row=1, col=j)
+        fig.update_xaxes(title_text=label, row=row + 1, col=col + 1)
         if pd.api.types.is_numeric_dtype(df[x]) and df[x].min() > 0 and df[x].max() / df[x].min() >= 10:
-            fig.update_xaxes(type="log", row=1, col=j)
-    fig.update_layout(height=330, title="figures by " + x, margin=dict(t=70))
-    return fig
+            fig.update_xaxes(type="log", row=row + 1, col=col + 1)
+    fig.update_layout(height=90 + 270 * rows, title="figures by " + label, margin=dict(t=90))
+    return readable(fig)
+
+
+def stall_figure(table: pd.DataFrame, key: str, unit_s: float = 0.001, label: Optional[str] = None) -> go.Figure:
+    """Survivor stall against the swept ``key`` (notebook 04: the heartbeat timeout), with the line
+    stall = key for reference; ``unit_s`` is the seconds one unit of ``key`` is (ms: 0.001)."""
+    fig = go.Figure()
+    fig.add_scatter(x=table[key], y=table["survivor_stall_s"], mode="markers+lines", name="survivor stall",
+                    marker=dict(size=11))
+    top = float(pd.to_numeric(table[key], errors="coerce").max() or 0)
+    fig.add_scatter(x=[0, top], y=[0, top * unit_s], mode="lines", name="stall = timeout",
+                    line=dict(dash="dash", color="gray"))
+    fig.update_layout(xaxis_title=label or key, yaxis_title="survivor stall (s)", height=400, margin=dict(t=100),
+                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left"))
+    return readable(fig)
 
 
 def parallel_figure(df: pd.DataFrame, columns: Sequence[str], color: Optional[str] = None) -> go.Figure:

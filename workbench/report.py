@@ -9,17 +9,24 @@ import html
 import json
 from pathlib import Path
 
+import pandas as pd
 import plotly.express as px
 import plotly.io as pio
 
 from . import analysis
+from .analysis.figures import readable
 from .run import Run, attach
+from .widgets.state import decimate
 
 
-def loss_figure(metrics, events):
+def loss_figure(metrics, events, max_points: int = 2000):
+    """Loss per group, each curve decimated to ``max_points`` (spikes kept) and drawn as SVG: a
+    report is opened anywhere, WebGL or not (plotly express picks WebGL past 1000 points)."""
     df = metrics[metrics["committed"].astype(bool) & metrics["participating"].fillna(True).astype(bool)]
+    df = pd.concat([g.iloc[decimate(g["loss"].to_numpy(dtype=float), max_points)] for _, g in df.groupby("replica")]) \
+        if not df.empty else df
     fig = px.line(df, x="step", y="loss", color=df["replica"].astype(str), labels={"color": "replica"},
-                  hover_data=["attempt"], title="Loss per replica group")
+                  hover_data=["attempt"], title="Loss per replica group", height=380, render_mode="svg")
     steps = {}
     for e in events:
         if e.get("kind") == "step" and e.get("committed"):
@@ -30,8 +37,8 @@ def loss_figure(metrics, events):
             near = next((steps[t] for t in ts if t >= e["t"]), None)
             if near is not None:
                 fig.add_vline(x=near, line_dash="dot", line_color="red",
-                              annotation_text=f"{e['action']} r{e.get('target')}", annotation_font_size=9)
-    return fig
+                              annotation_text=f"{e['action']} r{e.get('target')}", annotation_font_size=12)
+    return readable(fig)
 
 
 def run_report(run: Run) -> str:

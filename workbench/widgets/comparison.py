@@ -29,6 +29,7 @@ import plotly.graph_objects as go
 
 from .. import compare
 from ..run import ENDED, Run
+from ..analysis.figures import readable
 from .plot import plot_bundle
 from .updater import Updater, active
 
@@ -72,6 +73,7 @@ class ComparisonWidget(w.VBox):
             xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="loss")), uirevision="keep",
             legend=dict(title=dict(text=self.color_by or "")),
         ))
+        readable(self.figure)
         self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="380px")).add_class("wb-compare-loss")
         self.table_panel = w.HTML().add_class("wb-compare-table")
         super().__init__([self.header, self.plot_output, self.table_panel], **kwargs)

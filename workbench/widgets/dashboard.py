@@ -32,6 +32,7 @@ import ipywidgets as w
 import plotly.graph_objects as go
 
 from .. import faultkinds
+from ..analysis.figures import readable
 from .plot import plot_bundle
 from .state import STATES, DashboardState
 from .updater import Updater, active
@@ -92,11 +93,13 @@ class Dashboard(w.VBox):
     bounds the points drawn per loss curve (min/max decimation keeps spikes);
     ``plot_every`` is the least time between two plot redraws while the updater
     runs (tiles, panels and the event tail follow every poll);
-    ``start=False`` builds it without the updater thread (call :meth:`update`).
+    ``start=False`` builds it without the updater thread (call :meth:`update`);
+    ``faults=False`` leaves the fault controls out (a view for watching only,
+    as the classroom page shows by default).
     """
 
     def __init__(self, run: Any, interval: float = 0.5, max_points: int = 1500, plot_every: float = 2.0,
-                 start: bool = True, **kwargs: Any) -> None:
+                 start: bool = True, faults: bool = True, **kwargs: Any) -> None:
         if isinstance(run, (str, Path)):
             from ..run import attach
 
@@ -107,6 +110,7 @@ class Dashboard(w.VBox):
         self.interval = max(0.5, float(interval))
         self.max_points = int(max_points)
         self.plot_every = float(plot_every)
+        self.faults = bool(faults)
         self._plotted_at = float("-inf")
         self._render_lock = threading.RLock()
         self.state = DashboardState(self.spec.replicas, self.spec.steps, run_state=run.run_state)
@@ -124,7 +128,7 @@ class Dashboard(w.VBox):
             [self.header, self.progress, self.x_toggle, self.loss_box, self.tiles,
              self.quorum_panel,
              w.HBox([self.checkpoint_panel, self.heal_panel]),
-             self.controls, self.tail_panel],
+             *([self.controls] if self.faults else []), self.tail_panel],
             **kwargs,
         )
         self.add_class("wb-dashboard")
@@ -155,11 +159,13 @@ class Dashboard(w.VBox):
         self._trace_of = {r: r for r in replicas}
         self._marker_trace = {kind: len(replicas) + i for i, kind in enumerate(MARKER_STYLE)}
         self.figure = go.Figure(traces, layout=dict(
-            height=360, margin=dict(l=50, r=10, t=30, b=40), title=dict(text="loss", x=0.01, font=dict(size=13)),
+            height=380, margin=dict(l=60, r=10, t=50, b=50), title=dict(text="loss", x=0.01, font=dict(size=13)),
             xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="loss")),
-            legend=dict(orientation="h", y=1.12, x=1, xanchor="right"), uirevision="keep", hovermode="closest",
+            legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"), uirevision="keep",
+            hovermode="closest",
         ))
-        self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="380px"))
+        readable(self.figure)
+        self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="400px"))
         self.loss_box = w.Box([self.plot_output], layout=w.Layout(width="100%")).add_class("wb-loss-plot")
 
 
@@ -186,6 +192,8 @@ class Dashboard(w.VBox):
     # -- fault controls ------------------------------------------------------------
     def inject(self) -> Optional[dict]:
         """Inject the fault the controls describe; the outcome shows next to the button."""
+        if not self.faults:
+            raise RuntimeError("this dashboard was built with faults=False: it has no fault controls")
         action = self.action_picker.value
         kind = faultkinds.KINDS[action]
         target = self.replica_picker.value if kind.targets == "replica" else None
@@ -326,8 +334,8 @@ class Dashboard(w.VBox):
             prev = q["participants"]
         points.append(f"{x(now):.1f},{y(prev):.1f}")
         return (f"<svg class='wb-participants' width='{width}' height='{height}' data-changes='{len(h)}'>"
-                f"<text x='30' y='{height - 2}' font-size='10'>participants over {span:.0f} s</text>"
-                f"<text x='2' y='{y(top) + 4:.0f}' font-size='10'>{top}</text><text x='2' y='{y(0) + 4:.0f}' font-size='10'>0</text>"
+                f"<text x='30' y='{height - 2}' font-size='12'>participants over {span:.0f} s</text>"
+                f"<text x='2' y='{y(top) + 4:.0f}' font-size='12'>{top}</text><text x='2' y='{y(0) + 4:.0f}' font-size='12'>0</text>"
                 f"<line x1='30' x2='{width - 10}' y1='{y(0):.1f}' y2='{y(0):.1f}' stroke='#bbb'/>"
                 f"<polyline fill='none' stroke='#1f77b4' stroke-width='2' points='{' '.join(points)}'/></svg>")
 
