@@ -173,10 +173,11 @@ ELASTIC_SCHEDULES = {
     "2 faults": [(6.0, 1), (18.0, 2)],
     "4 faults": [(4.0, 1), (11.0, 2), (18.0, 0), (25.0, 1)],
 }
-# ddp-restart checkpoints every 80 steps (~6 s): the first kill lands ~40 steps past its checkpoint at
-# step 80, the second ~60 steps into the attempt restored from it — far from a write either way, so a
-# step-time wobble cannot move a kill across a checkpoint (which would change the redone work by a period).
-RESTART_SCHEDULE = [(9.0, 1), (20.5, 2)]
+# ddp-restart checkpoints every 80 steps: the first kill lands 40 steps past its checkpoint at step 80, the
+# second 60 steps past the one at 160, in the attempt restored from 80. Placed by step, not by seconds: a
+# kill placed in seconds drifted onto a write under load (0.07 s after step 160's), which changes the redone
+# work by a whole period and tests the load, not the model.
+RESTART_FAULTS = [{"action": "kill", "target": 1, "at_step": 120}, {"action": "kill", "target": 2, "at_step": 220}]
 QUIET_STEPS = {"model.step_delay_s": 0.05}
 
 
@@ -207,7 +208,7 @@ def test_projecting_this_machines_runs_reproduces_their_goodput(start_run):
         assert run.wait(timeout=240)["state"] == "completed"
         results[name] = run
     restart = start_run("demo", {"trainer": "ddp-restart", "steps": 400, **QUIET_STEPS,
-                                 "checkpoint.every_steps": 80, "faults": _faults(RESTART_SCHEDULE)})
+                                 "checkpoint.every_steps": 80, "faults": RESTART_FAULTS})
     assert restart.wait(timeout=300)["state"] == "completed"
     results["ddp-restart"] = restart
 
