@@ -39,6 +39,7 @@ import time
 from typing import Callable, Iterable, Optional
 
 from . import faultkinds
+from .nodes import NodeMap, hit_by
 from .procs import Proc
 
 REPLICA_STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
@@ -115,6 +116,7 @@ class RunState:
         self.lighthouse_procs: list[Proc] = []
         self.spares: dict[int, Proc] = {}
         self.restores: list[dict] = []
+        self.nodes = NodeMap()  # which node each part of each group runs on (workbench.nodes)
         self.max_committed = 0
         self.faults = self.restarts = self.heals = 0
         self.events_seen = 0
@@ -197,6 +199,9 @@ class RunState:
             return
         v = self.view(e.get("replica"))
         if v is None:
+            return
+        self.nodes.start(e)
+        if _int(e.get("task")) > 0:  # another node's part of a group: placement only (workbench.nodes)
             return
         proc = Proc.from_event(e)
         if proc is not None:
@@ -305,20 +310,30 @@ class RunState:
         action = e.get("action")
         if action != faultkinds.RESUME:
             self.faults += 1
+        if hit_by(action, e.get("node")):  # every group with a part on the node, not only the target
+            self.nodes.fault(action, e["node"])
+            for r in self.nodes.groups_on(e["node"], self.attempts()):
+                self._ended(self.replicas[r], faultkinds.kind(action))
+        elif action == faultkinds.RESUME and hit_by(e.get("resumed"), e.get("node")):
+            self.nodes.resume(e["node"])
         v = self.view(e.get("target")) if e.get("target") != "lighthouse" else None
         if v is None:
             return
         k = faultkinds.kind(action)
         if k is not None and k.ends_process:
-            v.state = k.state_after or "dead"
-            v.dead_attempt = max(v.dead_attempt, v.attempt)
-            v.hang = None
+            self._ended(v, k)
         elif k is not None and k.pauses_process:
             v.state = k.state_after or "hung"
             v.hang = {"t": t, "step": v.step, "seconds": e.get("seconds")}
         elif action == faultkinds.RESUME and v.state == "hung":
             v.hang = None
             v.state = "participating"
+
+    @staticmethod
+    def _ended(v: ReplicaView, k) -> None:
+        v.state = k.state_after or "dead"
+        v.dead_attempt = max(v.dead_attempt, v.attempt)
+        v.hang = None
 
     def _on_hang(self, e: dict, t: float) -> None:
         v = self.view(e.get("target", e.get("replica")))
@@ -386,6 +401,10 @@ class RunState:
                 seen.add((p.pid, p.host))
                 unique.append(p)
         return unique
+
+    def attempts(self) -> dict[int, int]:
+        """Replica -> its current attempt."""
+        return {r: v.attempt for r, v in self.replicas.items()}
 
     def live_processes(self) -> list[Proc]:
         return [p for p in self.processes() if p.alive()]

@@ -32,12 +32,11 @@ def run(ctx: JobContext) -> None:
     writer = ctx.writer()
     spare_id = ctx.spare_id
     role = "replica" if spare_id is None else "spare"
-    writer.emit("start", trainer="torchft-lite", role=role, world_size=1, **ctx.placement())
-    stop = StopRequest()
-
     from . import loopback
 
     host = ctx.listen_host()
+    writer.emit("start", trainer="torchft-lite", role=role, world_size=1, address=host, **ctx.placement())
+    stop = StopRequest()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback.interface_of(host))
     import torch
 
@@ -106,7 +105,8 @@ def run(ctx: JobContext) -> None:
         writer = ctx.writer()
         log_handler.writer = writer
         t_assigned = time.time()
-        writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, from_spare=spare_id, **ctx.placement())
+        writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, from_spare=spare_id,
+                    address=host, **ctx.placement())
         writer.emit("phase", phase="imports_done", seconds=0.0, from_spare=spare_id)
         writer.emit("phase", phase="model_ready", seconds=time.time() - t_assigned, checkpoint_address=transport.metadata())
     manager = Manager(
