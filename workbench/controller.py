@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from . import faults, procs, rundir
+from . import faults, nodehealth, procs, rundir
 from .cluster import make_cluster
 from .events import EventReader, EventWriter
 from .lighthouse import Lighthouse
@@ -68,6 +68,7 @@ class Controller:
         self.run_id = self.id = record["run_id"]
         self.spec = Spec.model_validate(record["spec"])
         self.writer = EventWriter(self.run_dir, "controller", run=self.run_id)
+        self.health, self.health_at = nodehealth.Sampler(), 0.0
         self.reader = EventReader(self.run_dir)
         self.cluster = make_cluster(self.spec, self.run_dir)
         self.elastic = trainer_kind(self.spec.trainer).elastic
@@ -130,6 +131,10 @@ class Controller:
             self._fire_schedule()
             self._detect_hangs()
             now = time.time()
+            if now >= self.health_at:
+                self.health_at = now + nodehealth.PERIOD_S
+                for row in self.health.sample(nodehealth.nodes_of(self.run_state), now):
+                    self.writer.emit("node_health", **row)
             for spare_id, job in list(self.spares.items()):
                 if self.cluster.is_done(job):
                     del self.spares[spare_id]
@@ -420,6 +425,9 @@ class Controller:
             if proc is not None:
                 proc.signal(signal.SIGKILL)
             self.cluster.cancel(job)
+        undone = self.cluster.release_faults(self.run_state)
+        if undone:
+            self.writer.emit("warning", message=f"undone at stop: {', '.join(undone)}")
         if self.lighthouse:
             self.lighthouse.stop()
             self._lighthouse_event("down")

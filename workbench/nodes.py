@@ -36,9 +36,11 @@ class NodeView:
     address: Optional[str] = None
     state: str = "up"  # up | down (a node fault, not yet resumed)
     fault: Optional[str] = None  # the kind that took it down
+    health: Optional[dict] = None  # the newest ``node_health`` sample (workbench.nodehealth)
 
     def as_dict(self) -> dict:
-        return {"node": self.name, "address": self.address, "state": self.state, "fault": self.fault}
+        return {"node": self.name, "address": self.address, "state": self.state, "fault": self.fault,
+                "health": self.health}
 
 
 class NodeMap:
@@ -76,6 +78,11 @@ class NodeMap:
     def fault(self, kind: str, node: str) -> None:
         view = self.node(node)
         view.state, view.fault = "down", kind
+
+    def sampled(self, e: dict) -> None:
+        if isinstance(e.get("node"), str):
+            skip = ("kind", "node", "run", "source", "pid")
+            self.node(e["node"]).health = {k: v for k, v in e.items() if k not in skip}
 
     def resume(self, node: str) -> None:
         if node in self.nodes:

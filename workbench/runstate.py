@@ -70,6 +70,7 @@ class ReplicaView:
     diverged_at: Optional[int] = None  # the first step whose loss was NaN or infinite
     dead_attempt: int = -1
     hang: Optional[dict] = None
+    impaired: Optional[dict] = None  # a fault that slows or cuts it off while it runs: kind, t, seconds
     procs: dict = dataclasses.field(default_factory=dict)  # attempt -> Proc
     jobs: dict = dataclasses.field(default_factory=dict)  # attempt -> job id
     exited: set = dataclasses.field(default_factory=set)  # attempts that wrote exit or whose job ended
@@ -93,7 +94,8 @@ class ReplicaView:
 
     def as_dict(self) -> dict:
         return {
-            "state": self.state, "attempt": self.attempt, "step": self.step or 0,
+            "state": self.state, "impaired": self.impaired["kind"] if self.impaired else None,
+            "attempt": self.attempt, "step": self.step or 0,
             "pid": self.proc.pid if self.proc else None, "host": self.proc.host if self.proc else None,
             "job_id": self.job_id, "node": self.node, "t": self.last_seen, "loss": self.loss,
             "restarts": self.restarts, "diverged_at": self.diverged_at,
@@ -119,6 +121,7 @@ class RunState:
         self.nodes = NodeMap()  # which node each part of each group runs on (workbench.nodes)
         self.max_committed = 0
         self.faults = self.restarts = self.heals = 0
+        self.impairments: dict = {}  # (kind, replica) -> its fault event, until its resume
         self.events_seen = 0
         self.bad_events = 0
         self.t0: Optional[float] = None
@@ -325,15 +328,25 @@ class RunState:
         elif k is not None and k.pauses_process:
             v.state = k.state_after or "hung"
             v.hang = {"t": t, "step": v.step, "seconds": e.get("seconds")}
-        elif action == faultkinds.RESUME and v.state == "hung":
-            v.hang = None
-            v.state = "participating"
+        elif k is not None and k.impairs:
+            v.impaired = {"kind": action, "t": t, "seconds": e.get("seconds")}
+            self.impairments[(action, v.replica)] = e
+        elif action == faultkinds.RESUME:
+            self.impairments.pop((e.get("resumed"), v.replica), None)
+            if v.impaired and v.impaired["kind"] == e.get("resumed"):
+                v.impaired = None
+            if v.state == "hung":
+                v.hang = None
+                v.state = "participating"
 
     @staticmethod
     def _ended(v: ReplicaView, k) -> None:
         v.state = k.state_after or "dead"
         v.dead_attempt = max(v.dead_attempt, v.attempt)
         v.hang = None
+
+    def _on_node_health(self, e: dict, t: float) -> None:
+        self.nodes.sampled(e)
 
     def _on_hang(self, e: dict, t: float) -> None:
         v = self.view(e.get("target", e.get("replica")))

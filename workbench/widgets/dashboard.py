@@ -300,11 +300,12 @@ class Dashboard(w.VBox):
             state = n["state"] + (f" ({_fmt(n['fault'])})" if n["fault"] else "")
             running = ", ".join(f"replica {_fmt(p['replica'])} task {_fmt(p['task'])}" for p in n["parts"]) or "–"
             rows.append(f"<tr data-node='{_fmt(n['node'])}' data-state='{n['state']}'><td>{_fmt(n['node'])}</td>"
-                        f"<td>{_fmt(n['address'])}</td><td>{state}</td><td>{running}</td></tr>")
+                        f"<td>{_fmt(n['address'])}</td><td>{state}</td><td>{running}</td>"
+                        f"<td class='wb-health'>{html.escape(n['health_line'])}</td></tr>")
         if not rows:
             return ""
         return ("<b>nodes</b><table class='wb-table'><tr><th>node</th><th>address</th><th>state</th>"
-                f"<th>running</th></tr>{''.join(rows)}</table>")
+                f"<th>running</th><th>health</th></tr>{''.join(rows)}</table>")
 
     def _quorum_html(self) -> str:
         s = self.state

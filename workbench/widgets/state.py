@@ -19,7 +19,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from .. import faultkinds
+from .. import faultkinds, nodehealth
 from ..runstate import REPLICA_STATES, ReplicaView, RunState
 
 Tile = ReplicaView
@@ -162,7 +162,8 @@ class DashboardState:
     def node_rows(self) -> list[dict]:
         """The node view: per node its address, state (``down`` after a node fault) and the parts of
         replica groups' current attempts on it; a group over two nodes shows on both."""
-        return self.run.nodes.table(self.run.attempts())
+        return [{**row, "health_line": nodehealth.tile_line(row.get("health"))}
+                for row in self.run.nodes.table(self.run.attempts())]
 
     # -- folding ---------------------------------------------------------------
     def apply(self, events: Iterable[dict]) -> int:
