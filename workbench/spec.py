@@ -284,7 +284,9 @@ class Spec(_Section):
         here = faultkinds.names(self.cluster)
         for i, f in enumerate(self.faults):
             if f.action not in here:
-                raise ValueError(f"faults[{i}].action: {f.action} is not a fault on cluster {self.cluster}; "
+                k = faultkinds.kind(f.action)
+                why = f"needs {k.needs}" if k is not None and k.needs else "is not a fault"
+                raise ValueError(f"faults[{i}].action: {f.action} {why} on cluster {self.cluster}; "
                                  f"allowed: {', '.join(here)}")
             if f.target is not None and f.target >= self.replicas and faultkinds.KINDS[f.action].targets == "replica":
                 raise ValueError(f"faults[{i}].target ({f.target}) must be < replicas ({self.replicas})")

@@ -204,7 +204,8 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
     row["quorum_without_victim"] = _since(quorum, tf)
     same_process = not kind.ends_process
     if same_process:
-        resumed = log.resumes_by_target.get(victim, _EMPTY).first_after(tf, lambda e: e.get("resumed") == kind.name)
+        resumed = log.resumes_by_target.get(victim, _EMPTY).first_after(
+            tf, lambda e: e.get("resumed") in (None, kind.name))
         row["replacement_started"] = row["imports_done"] = _since(resumed, tf)
         new_attempt: Callable[[dict], bool] = lambda e: True  # noqa: E731 - the same process carries on
         if kind.impairs:  # it stepped on while impaired: what counts is after the undo
@@ -235,7 +236,8 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
         row["steps_lost"] = 0 if heal else None
     # A group that comes back behind its peers must heal; a paused one that was still the
     # furthest ahead (its peers died meanwhile) carries on from its own next step.
-    carried_on = same_process and back is not None and back.get("step") == last_before + 1
+    # One that stayed in the quorum throughout (a straggler) never fell behind.
+    carried_on = same_process and back is not None and (back.get("step") == last_before + 1 or not kind.leaves_quorum)
     # With every peer down too (overlapping faults), there is no one to heal from: the group
     # restarts from scratch. That recovery completes, but it is a loss, and is flagged.
     lone = False
