@@ -100,7 +100,7 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("slow_link", "replica", False, False, True, "a tbf bandwidth cap (1 mbit/s) on its node's link",
               default_seconds=10.0, backends=("slurm",), state_after="slow", host="link",
               needs="nodes in network namespaces (the dev Slurm cluster)", leaves_quorum=False),
-    FaultKind("straggler", "replica", False, False, True, "its processes held to 25 % of one CPU (cgroup cpu)",
+    FaultKind("straggler", "replica", False, False, True, "its processes held to a quarter of one CPU (cgroup cpu)",
               default_seconds=10.0, state_after="slow", host="cgroup", leaves_quorum=False),
     FaultKind("freeze", "replica", False, True, True, "its processes frozen (cgroup freezer), thawed after `seconds`",
               default_seconds=10.0, state_after="hung", host="cgroup"),
