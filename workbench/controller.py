@@ -407,6 +407,10 @@ class Controller:
 
     def _shutdown(self) -> None:
         self._poll()
+        # First: a frozen process takes no signal, not even SIGKILL, until it is thawed.
+        undone = self.cluster.release_faults(self.run_state)
+        if undone:
+            self.writer.emit("warning", message=f"undone at stop: {', '.join(undone)}")
         for slot in self.slots.values():
             if slot.state in ("running",) and slot.job is not None and not self.cluster.is_done(slot.job):
                 self._signal_attempt(slot, signal.SIGTERM)
@@ -425,9 +429,6 @@ class Controller:
             if proc is not None:
                 proc.signal(signal.SIGKILL)
             self.cluster.cancel(job)
-        undone = self.cluster.release_faults(self.run_state)
-        if undone:
-            self.writer.emit("warning", message=f"undone at stop: {', '.join(undone)}")
         if self.lighthouse:
             self.lighthouse.stop()
             self._lighthouse_event("down")
