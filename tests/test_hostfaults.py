@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from workbench import analysis, faultkinds, hostfaults
+from workbench.procs import Proc
 
 pytestmark = pytest.mark.slow
 
@@ -56,11 +57,13 @@ def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_lea
     assert rows.loc["freeze", "participating"] >= rows.loc["freeze", "replacement_started"]
 
     # Stopped mid-fault: the controller undoes what the fault holds before it exits.
-    run.kill(replica=0, how="freeze", seconds=600)
-    run.kill(replica=1, how="straggler", seconds=600)
+    held = [run.kill(replica=0, how="freeze", seconds=600), run.kill(replica=1, how="straggler", seconds=600)]
     assert len(hostfaults.cgroups(run.id)) == 2
-    run.stop(timeout=30)
+    assert run.stop(timeout=30)["state"] == "stopped"
     assert hostfaults.cgroups(run.id) == []
+    # ... and ends the undo helpers that were waiting to do it, and the frozen group's processes ended too.
+    assert all(Proc(*f["undo_helper"]).why_not() is not None for f in held)
+    assert run.pids() == []
 
 
 def test_network_kinds_are_refused_in_one_line_where_the_backend_has_no_namespaces():

@@ -53,10 +53,10 @@ def test_the_fold_marks_an_impaired_group_until_its_undo_and_keeps_its_state():
     log = sorted(_log(), key=lambda e: e["t"])
     cut = next(i for i, e in enumerate(log) if e.get("action") == "partition")
     state.apply(log[:cut + 1])
-    assert state.replicas[1].impaired["kind"] == "partition" and ("partition", 1) in state.impairments
+    assert state.replicas[1].impaired["kind"] == "partition" and ("partition", 1) in state.host_faults
     back = next(i for i, e in enumerate(log) if e.get("resumed") == "partition")
     state.apply(log[cut + 1:back + 1])
-    assert state.replicas[1].impaired is None and state.impairments == {}
+    assert state.replicas[1].impaired is None and state.host_faults == {}
 
 
 def test_node_health_samples_a_busy_process_and_its_memory():

@@ -121,7 +121,7 @@ class RunState:
         self.nodes = NodeMap()  # which node each part of each group runs on (workbench.nodes)
         self.max_committed = 0
         self.faults = self.restarts = self.heals = 0
-        self.impairments: dict = {}  # (kind, replica) -> its fault event, until its resume
+        self.host_faults: dict = {}  # (kind, replica) -> a machine fault's event (hostfaults), until its resume
         self.events_seen = 0
         self.bad_events = 0
         self.t0: Optional[float] = None
@@ -323,6 +323,10 @@ class RunState:
         if v is None:
             return
         k = faultkinds.kind(action)
+        if k is not None and k.host:
+            self.host_faults[(action, v.replica)] = e
+        elif action == faultkinds.RESUME:
+            self.host_faults.pop((e.get("resumed"), v.replica), None)
         if k is not None and k.ends_process:
             self._ended(v, k)
         elif k is not None and k.pauses_process:
@@ -330,9 +334,7 @@ class RunState:
             v.hang = {"t": t, "step": v.step, "seconds": e.get("seconds")}
         elif k is not None and k.impairs:
             v.impaired = {"kind": action, "t": t, "seconds": e.get("seconds")}
-            self.impairments[(action, v.replica)] = e
         elif action == faultkinds.RESUME:
-            self.impairments.pop((e.get("resumed"), v.replica), None)
             if v.impaired and v.impaired["kind"] == e.get("resumed"):
                 v.impaired = None
             if v.state == "hung":

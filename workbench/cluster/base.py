@@ -119,8 +119,9 @@ class Cluster(abc.ABC):
                     fields["share"] = share
         except hostfaults.HostFaultError as e:
             raise FaultError(str(e)) from None
-        undo.later(self.run_dir, kind.name, seconds, argv=made.undo_argv(),
-                   fields={k: v for k, v in fields.items() if k in ("target", "node", "pid", "cgroup")})
+        fields["undo_helper"] = undo.later(
+            self.run_dir, kind.name, seconds, argv=made.undo_argv(),
+            fields={k: v for k, v in fields.items() if k in ("target", "node", "pid", "cgroup")})
         return fields
 
     def undo(self, payload: dict) -> dict:
@@ -132,10 +133,17 @@ class Cluster(abc.ABC):
         """Undo what this run's machine-level faults still hold (a stop mid-fault): its cgroups by name,
         and each link of a fault whose ``resume`` has not come. Returns what was undone."""
         from .. import hostfaults
+        from ..procs import Proc
 
-        links = [(k, e["node"]) for (k, _), e in state.impairments.items()
+        open_faults = list(state.host_faults.items())
+        links = [(k, e["node"]) for (k, _), e in open_faults
                  if getattr(faultkinds.kind(k), "host", None) == "link" and e.get("node")]
-        return hostfaults.release_run(self.run_dir.name, links)
+        undone = hostfaults.release_run(self.run_dir.name, links)
+        for _, e in open_faults:  # their undo is done: the helpers waiting to do it have nothing left
+            helper = e.get("undo_helper")
+            if isinstance(helper, list) and len(helper) == 3 and Proc(*helper).why_not() is None:
+                Proc(*helper).signal(signal.SIGKILL)
+        return undone
 
     def stop_all(self, state) -> list[str]:
         """The controller is gone: SIGKILL every live process the run recorded (identity
