@@ -46,7 +46,7 @@ def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_lea
     resume = next(e for e in resumed._events if e.get("resumed") == "freeze")
     assert not group.exists() and _cgroup_of(pid, "freezer") == before["freezer"]
     # Frozen means no step of its own in between; thawed, the same process steps on.
-    assert _steps(run, 1, fault["t"] + 0.5, resume["t"]) == []
+    assert _steps(run, 1, fault["t"] + 0.5, resume["t"] - 0.05) == []
     run.wait_for(lambda r: len(_steps(r, 1, resume["t"])) >= 3, timeout=60)
     assert run.status()["replicas"]["1"]["pid"] == pid
 

@@ -37,9 +37,10 @@ for pid, host, started, sig in p.get("signals") or []:
 if p.get("argv"):
     subprocess.run(p["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     acted = True
+done = time.time()  # the undo's time, not the package import's after it (~1 s on a busy host)
 if acted or p.get("always"):
     from workbench.undo import record
-    record(p, time.time())
+    record(p, done)
 """
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[1])
