@@ -80,3 +80,17 @@ def test_node_health_samples_a_busy_process_and_its_memory():
     finally:
         busy.kill()
         busy.wait()
+
+
+def test_a_node_health_sample_reaches_the_node_view_and_its_tile_line():
+    from workbench.widgets.state import DashboardState
+
+    state = RunState(1, 100)
+    state.apply([{"t": 1.0, "kind": "start", "replica": 0, "attempt": 0, "node": "n1", "pid": 4242, "role": "replica"},
+                 {"t": 2.0, "kind": "node_health", "node": "n1", "pid": 99, "cpu_percent": 87.5, "rss_bytes": 312_000_000,
+                  "mem_share": 0.0125, "net_sent_bytes": 10, "net_received_bytes": 20, "net_sent_bps": 12_000.0,
+                  "net_received_bps": 3_000.0}])
+    (row,) = state.nodes.table(state.attempts())
+    assert row["health"]["cpu_percent"] == 87.5 and "pid" not in row["health"]
+    (shown,) = DashboardState(1, 100, run_state=state).node_rows()
+    assert shown["health_line"] == "cpu 88% · mem 312 MB (1.2 %) · net ↑12 kB/s ↓3 kB/s"

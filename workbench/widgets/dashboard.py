@@ -284,6 +284,7 @@ class Dashboard(w.VBox):
                 + (";outline:3px solid #000" if t.diverged_at is not None else "") + "'>"
                 f"<b>replica {r}</b> · <span class='wb-tile-state'>{t.state}</span>"
                 + (f" · <b class='wb-diverged'>diverged at step {_fmt(t.diverged_at)}</b>" if t.diverged_at is not None else "")
+                + (f" · <b class='wb-impaired'>{_fmt(t.impaired['kind'])}</b>" if t.impaired else "")
                 + "<br>"
                 f"step {_fmt(t.step)} · attempt {t.attempt}"
                 + (f" · {t.steps_lost} steps redone" if t.steps_lost else "") + "<br>"
