@@ -28,6 +28,7 @@ class Part:
     node: str
     address: Optional[str]
     pid: Optional[int]
+    proc: Optional[object] = None  # its procs.Proc (identity-checked), when the event carried one
 
 
 @dataclasses.dataclass
@@ -53,7 +54,7 @@ class NodeMap:
             self.nodes[name] = NodeView(name)
         return self.nodes[name]
 
-    def start(self, e: dict) -> None:
+    def start(self, e: dict, proc=None) -> None:
         node, replica = e.get("node"), e.get("replica")
         if not isinstance(node, str) or not isinstance(replica, int) or isinstance(replica, bool):
             return
@@ -61,9 +62,13 @@ class NodeMap:
         task = e.get("task") if isinstance(e.get("task"), int) else 0
         address = e.get("address") if isinstance(e.get("address"), str) else None
         pid = e.get("pid") if isinstance(e.get("pid"), int) else None
-        self.parts[(replica, attempt, task)] = Part(replica, attempt, task, node, address, pid)
+        self.parts[(replica, attempt, task)] = Part(replica, attempt, task, node, address, pid, proc)
         view = self.node(node)
         view.address = address or view.address
+
+    def procs(self) -> list:
+        """The processes of every part other than a group's first (those the fold's views do not hold)."""
+        return [p.proc for p in self.parts.values() if p.task > 0 and p.proc is not None]
 
     def placement(self, replica: int, attempt: int) -> list[Part]:
         """The parts of one attempt of a group, by task."""

@@ -203,10 +203,10 @@ class RunState:
         v = self.view(e.get("replica"))
         if v is None:
             return
-        self.nodes.start(e)
+        proc = Proc.from_event(e)
+        self.nodes.start(e, proc)
         if _int(e.get("task")) > 0:  # another node's part of a group: placement only (workbench.nodes)
             return
-        proc = Proc.from_event(e)
         if proc is not None:
             v.procs[_int(e.get("attempt"))] = proc
         v = self._own(e)
@@ -409,7 +409,7 @@ class RunState:
         out += self.lighthouse_procs
         for v in self.replicas.values():
             out += list(v.procs.values())
-        out += list(self.spares.values())
+        out += list(self.spares.values()) + self.nodes.procs()
         seen, unique = set(), []
         for p in out:
             if p is not None and (p.pid, p.host) not in seen:

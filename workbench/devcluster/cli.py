@@ -14,7 +14,7 @@ from .lifecycle import down, status, up
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``workbench cluster up|down|status [--dir DIR]``."""
     parser = argparse.ArgumentParser(
-        prog="workbench cluster", description="A local Slurm cluster (3 nodes on this host, each in its own network namespace) "
+        prog="workbench cluster", description="A local Slurm cluster (4 nodes on this host, each in its own network namespace) "
                     "for demos and tests."
     )
     parser.add_argument("action", choices=("up", "down", "status"))

@@ -32,7 +32,7 @@ def client_env(state_dir: StateDir = None) -> dict[str, str]:
 
 def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = True,
        say=print) -> dict[str, Any]:
-    """Start the cluster unless it is already up; wait until its 3 nodes are idle.
+    """Start the cluster unless it is already up; wait until its nodes are idle.
 
     With ``namespaces`` each node's slurmd runs in its own network namespace
     (:mod:`.netns`); where none can be made, ``say`` gets one line why and the
