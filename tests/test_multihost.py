@@ -107,6 +107,15 @@ def test_dashboard_node_view_shows_a_two_node_group_on_both_nodes(tmp_path):
         ("n1", "198.18.0.11", [11]), ("n2", "198.18.0.12", [12])]
 
 
+def test_a_heal_records_the_route_it_took():
+    """The ``heal`` fields: source address, this side's address and interface, bytes/s (torchft issue 329)."""
+    from workbench.trainers.loopback import heal_fields
+
+    got = heal_fields("http://127.0.0.1:4321/checkpoint/", 2.0, 5_000_000)
+    assert got == {"served_from": "127.0.0.1", "local_address": "127.0.0.1", "interface": "lo",
+                   "bytes_per_s": 2_500_000.0}
+
+
 # -- the namespaced cluster -----------------------------------------------------
 def _ours() -> dict:
     return netns.ours()
