@@ -1,4 +1,4 @@
-"""The dev Slurm cluster: real slurmctld, 3 slurmd, slurmdbd, MariaDB and munge on localhost.
+"""The dev Slurm cluster: real slurmctld, 4 slurmd, slurmdbd, MariaDB and munge on localhost.
 
 One cluster per module, in a temporary state directory (never the user's own
 ``~/.cache/workbench/slurm``); its finalizer stops every daemon by the PIDs
@@ -56,11 +56,11 @@ def wait_for(condition, timeout_s: float, what: str) -> None:
         time.sleep(0.2)
 
 
-def test_status_shows_three_idle_nodes(cluster):
+def test_status_shows_every_node_idle(cluster):
     st = devcluster.status(cluster["state_dir"])
     assert st["up"]
     assert all(d["alive"] for d in st["daemons"].values()), st["daemons"]
-    assert st["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    assert st["nodes"] == {n: "idle" for n in devcluster.NODES}
 
 
 def test_find_slurm_conf(cluster, tmp_path):
@@ -101,7 +101,7 @@ def test_up_restarts_a_cluster_with_a_dead_daemon(cluster):
     assert devcluster.status(cluster["state_dir"])["up"] is False
     info = devcluster.up(cluster["state_dir"])
     assert info["started"] is True
-    assert devcluster.status(cluster["state_dir"])["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    assert devcluster.status(cluster["state_dir"])["nodes"] == {n: "idle" for n in devcluster.NODES}
     cluster["pids"].update(info["pids"])
 
 
@@ -144,7 +144,7 @@ def test_node_down_and_resume(cluster):
 def test_cli_status_reports_the_running_cluster(cluster):
     result = workbench_cli("cluster", "status", "--dir", cluster["state_dir"], "--json")
     assert result.returncode == 0, result.stderr
-    assert json.loads(result.stdout)["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    assert json.loads(result.stdout)["nodes"] == {n: "idle" for n in devcluster.NODES}
 
 
 def test_mariadb_listens_on_no_tcp_port(cluster):
@@ -224,5 +224,5 @@ def test_down_stops_every_daemon_and_up_restarts(cluster):
     info = devcluster.up(cluster["state_dir"])
     print(f"\nup() again on existing state: {time.monotonic() - t0:.1f}s")
     assert info["started"] is True
-    assert devcluster.status(cluster["state_dir"])["nodes"] == {"n1": "idle", "n2": "idle", "n3": "idle"}
+    assert devcluster.status(cluster["state_dir"])["nodes"] == {n: "idle" for n in devcluster.NODES}
     cluster["pids"].update(info["pids"])

@@ -179,3 +179,39 @@ def test_fault_matrix_notebook_runs_headless(run_root, tmp_path):
     (drill_json,) = (run_root / "drills").glob("*/drill.json")
     rows = {(r["probe"], r["question"]): r["answer"] for r in json.loads(drill_json.read_text())}
     assert rows[("requeue", "runs again under the same job id")] == "yes"
+
+
+@pytest.mark.slurm
+def test_network_faults_notebook_runs_headless(run_root, tmp_path, monkeypatch):
+    """A partition of group 1's node and a straggler on the dev Slurm cluster, checked from the events alone."""
+    from workbench import hostfaults
+
+    from .conftest import local_slurm
+
+    state = tmp_path / "slurm"
+    monkeypatch.setenv("WORKBENCH_NOTEBOOK_SLURM_STATE", str(state))
+    with local_slurm(state):  # the notebook's `up` finds it running; this tears it down by PID also on failure
+        nb, states = execute("05_network_faults.ipynb", run_root)
+    (run_dir,) = states
+    events = attach(run_dir).event_records()
+    (cut,) = [e for e in events if e["kind"] == "fault" and e["action"] == "partition"]
+    back = next(e for e in events if e.get("resumed") == "partition")
+    assert 9.5 <= back["t"] - cut["t"] < 14
+    steps = [e for e in events if e["kind"] == "step" and e.get("committed")]
+    # The survivor trained alone through the cut; the cut-off group committed nothing (bar its step in flight).
+    assert any(e["replica"] == 0 and e.get("participants") == 1 and cut["t"] < e["t"] < back["t"] for e in steps)
+    assert not [e for e in steps if e["replica"] == 1 and cut["t"] + 1.0 < e["t"] < back["t"]]
+    # Participants' checksums agree at every committed step; none committed twice.
+    by_step = {}
+    for e in steps:
+        if e.get("weights") and e.get("participating", True):
+            by_step.setdefault(e["step"], set()).add(e["weights"])
+    assert len(by_step) > 50 and all(len(w) == 1 for w in by_step.values())
+    keys = [(e["replica"], e["attempt"], e["step"]) for e in steps]
+    assert len(keys) == len(set(keys))
+    worst = displayed(nb, "worst = {k: max(")
+    assert worst == {"checksum_disagreements": 0, "steps_committed_twice": 0, "cut_off_commits": 0}
+    slowed = displayed(nb, "slow = run.kill(")
+    assert slowed["during the straggler (s)"] > 1.5 * slowed["group 0 step before (s)"]
+    assert displayed(nb, "hostfaults.leftovers()") == []
+    assert hostfaults.leftovers() == []

@@ -197,3 +197,39 @@ def test_bad_partition_or_account_is_refused_before_anything_is_queued(cluster, 
         wb.submit("demo", ["cluster=slurm", "lighthouse.bind_host=0.0.0.0"])
     assert queued(cluster["slurm_conf"]) == []
     assert not run_root.exists() or not any(run_root.iterdir())
+
+
+def test_partition_of_a_groups_node_survivors_go_on_it_rejoins_and_no_fault_outlives_the_run(submit, cluster):
+    from workbench import hostfaults
+
+    run = submit(BASE + ["replicas=2", "min_replicas=1", "slurm.cpus_per_task=3"])
+    run.wait_for_step(20, timeout=240)
+    node = starts(run, 1)[0]["node"]
+    assert node != starts(run, 0)[0]["node"]
+    fault = run.kill(replica=1, how="partition", seconds=6)
+    assert fault["node"] == node and f"wbn-{node}" in hostfaults.links_down()
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "partition" for e in r._events), 60)
+    back = next(e for e in run._events if e.get("resumed") == "partition")
+    assert f"wbn-{node}" not in hostfaults.links_down()
+
+    def steps(r, replica, lo, hi=float("inf")):
+        return [e for e in r._events if e["kind"] == "step" and e.get("replica") == replica and e.get("committed")
+                and e.get("participating", True) and lo < e["t"] < hi]
+
+    run.wait_for(lambda r: len(steps(r, 1, back["t"])) >= 5, timeout=240)
+    # The survivor committed without it during the cut; the cut-off side committed nothing (bar a step in flight).
+    assert any(e.get("participants") == 1 for e in steps(run, 0, fault["t"], back["t"]))
+    assert steps(run, 1, fault["t"] + 1.0, back["t"]) == []
+    row = analysis.recovery_timeline(run.event_records()).set_index("action").loc["partition"]
+    assert row["quorum_without_victim"] < row["replacement_started"] < row["participating"]
+    # The controller samples each node's health; the node's link counted the partitioned group's traffic.
+    health = run.nodes()
+    mine = health[health["node"] == node]
+    assert len(mine) and mine["net_sent_bytes"].iloc[-1] > mine["net_sent_bytes"].iloc[0] and mine["rss_bytes"].max() > 0
+    assert run.status()["nodes"][node]["health"]["rss_bytes"] > 0  # status --json carries it too
+    # Stopped mid-fault: the tbf and the cgroup go with the run.
+    run.kill(replica=1, how="slow_link", seconds=600)
+    run.kill(replica=0, how="straggler", seconds=600)
+    assert f"wbn-{node}" in hostfaults.qdiscs() and len(hostfaults.cgroups(run.id)) == 1
+    assert run.stop()["state"] == "stopped"
+    assert f"wbn-{node}" not in hostfaults.qdiscs() and hostfaults.cgroups(run.id) == []

@@ -33,7 +33,9 @@ from .conftest import REPO
         (["lighthouse.bind_host=0.0.0.0"], "lighthouse.bind_host", "not a loopback address"),
         (["maxtext=" + "[" * 3000 + "]" * 3000], "maxtext", "nested too deeply"),
         (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "allowed: kill, abort, hang, preempt"),
-        (["faults=[{action: node_down, at_step: 3}]"], "faults[0].action", "not a fault on cluster local; allowed: kill, abort, hang, preempt, lighthouse_kill"),
+        (["faults=[{action: node_down, at_step: 3}]"], "faults[0].action", "not a fault on cluster local; allowed: kill, abort, hang, preempt, straggler, freeze, lighthouse_kill"),
+        (["faults=[{action: partition, at_step: 3}]"], "faults[0].action",
+         "partition needs nodes in network namespaces (the dev Slurm cluster) on cluster local"),
     ],
 )
 def test_bad_spec_names_field_and_allowed_values(overrides, field, allowed):

@@ -418,7 +418,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a fault kind the run's backend injects: "
                         + "; ".join(f"{k.name} ({', '.join(k.backends) + ' only, ' if k.backends else ''}{k.summary})"
                                     for k in faultkinds.KINDS.values()))
-    s.add_argument("--seconds", type=float, default=None, help="how long a fault that lasts lasts (a hang: 5 s)")
+    s.add_argument("--seconds", type=float, default=None, help="how long a fault that lasts lasts (a hang: 5 s; partition, slow_link, straggler, freeze: 10 s)")
     s.set_defaults(fn=cmd_kill)
 
     s = sub.add_parser("serve-metrics", help="expose a run's metrics for Prometheus (loopback by default)")

@@ -33,7 +33,7 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
-from . import armed, faults, procs, rundir
+from . import armed, faults, nodehealth, procs, rundir
 from .cluster import make_cluster
 from .events import EventReader, EventWriter
 from .lighthouse import Lighthouse
@@ -68,6 +68,7 @@ class Controller:
         self.run_id = self.id = record["run_id"]
         self.spec = Spec.model_validate(record["spec"])
         self.writer = EventWriter(self.run_dir, "controller", run=self.run_id)
+        self.health, self.health_at = nodehealth.Sampler(), 0.0
         self.reader = EventReader(self.run_dir)
         self.cluster = make_cluster(self.spec, self.run_dir)
         self.elastic = trainer_kind(self.spec.trainer).elastic
@@ -133,6 +134,10 @@ class Controller:
             self._fire_triggers()
             self._detect_hangs()
             now = time.time()
+            if now >= self.health_at:
+                self.health_at = now + nodehealth.PERIOD_S
+                for row in self.health.sample(nodehealth.nodes_of(self.run_state), now):
+                    self.writer.emit("node_health", **row)
             for spare_id, job in list(self.spares.items()):
                 if self.cluster.is_done(job):
                     del self.spares[spare_id]
@@ -421,6 +426,10 @@ class Controller:
 
     def _shutdown(self) -> None:
         self._poll()
+        # First: a frozen process takes no signal, not even SIGKILL, until it is thawed.
+        undone = self.cluster.release_faults(self.run_state)
+        if undone:
+            self.writer.emit("warning", message=f"undone at stop: {', '.join(undone)}")
         for slot in self.slots.values():
             if slot.state in ("running",) and slot.job is not None and not self.cluster.is_done(slot.job):
                 self._signal_attempt(slot, signal.SIGTERM)

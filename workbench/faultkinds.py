@@ -19,6 +19,10 @@ is one row here and nothing else.
 | ``hang`` | replica | SIGSTOP for ``seconds``, then SIGCONT (a detached helper resumes it) | ``resume`` |
 | ``node_down`` | replica | its node is set DOWN (Slurm): every job on it fails | node RESUME |
 | ``slurmd_kill`` | replica | SIGKILL to its node's slurmd (dev cluster): the node stops answering | slurmd restart |
+| ``partition`` | replica | its node's link down for ``seconds`` (dev cluster: nodes in namespaces) | link up |
+| ``slow_link`` | replica | a ``tbf`` bandwidth cap on its node's link for ``seconds`` | qdisc deleted |
+| ``straggler`` | replica | its processes throttled to a share of one CPU (cgroup ``cpu``) for ``seconds`` | cgroup removed |
+| ``freeze`` | replica | its processes frozen (cgroup freezer) for ``seconds``: a hung driver | thawed |
 | ``lighthouse_kill`` | lighthouse | SIGKILL to the lighthouse; the controller restarts it | controller |
 | ``kill_store_host`` | replica | SIGKILL to the process hosting the group's rendezvous store | relaunch |
 | ``kill_rank0`` | replica | SIGKILL to the group's rank 0 | relaunch |
@@ -33,7 +37,12 @@ A kind with a ``trigger`` is not injected when asked: it is *armed*
 event arrives (``"checkpoint"``: the writer's ``checkpoint state=started``).
 
 A fault is recorded as one ``fault`` event (``action`` = the kind's name);
-its undo, where it has one, as a ``fault`` event with ``action="resume"``
+The machine-level kinds (``host`` set: cgroups, links, qdiscs) are done by
+``workbench.hostfaults`` on every backend that can (``needs`` says what a
+backend must have, for the one-line refusal elsewhere); a kind that neither
+ends nor pauses the process *impairs* it (``impairs``): the group carries on,
+slowed or cut off, and ``leaves_quorum`` says whether its peers go on without it.
+Its undo, where it has one, as a ``fault`` event with ``action="resume"``
 (:data:`RESUME`) and ``resumed`` = the kind.
 """
 
@@ -76,6 +85,13 @@ class FaultKind:
     state_after: Optional[str] = None
     process: str = "group"
     trigger: Optional[str] = None
+    host: Optional[str] = None  # "cgroup" or "link": done by workbench.hostfaults
+    needs: Optional[str] = None
+    leaves_quorum: bool = True
+
+    @property
+    def impairs(self) -> bool:
+        return not self.ends_process and not self.pauses_process and self.targets == "replica" and self.has_duration
 
     def supported_on(self, backend: str) -> bool:
         return self.backends is None or backend in self.backends
@@ -98,6 +114,16 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
               default_seconds=10.0, backends=("slurm",), state_after="dead"),
     FaultKind("slurmd_kill", "replica", True, False, True, "SIGKILL to the node's slurmd, restarted after `seconds`",
               default_seconds=10.0, backends=("slurm",), state_after="dead"),
+    FaultKind("partition", "replica", False, False, True, "its node's link down for `seconds`, then up",
+              default_seconds=10.0, backends=("slurm",), state_after="partitioned", host="link",
+              needs="nodes in network namespaces (the dev Slurm cluster)"),
+    FaultKind("slow_link", "replica", False, False, True, "a tbf bandwidth cap (1 mbit/s) on its node's link",
+              default_seconds=10.0, backends=("slurm",), state_after="slow", host="link",
+              needs="nodes in network namespaces (the dev Slurm cluster)", leaves_quorum=False),
+    FaultKind("straggler", "replica", False, False, True, "its processes held to a quarter of one CPU (cgroup cpu)",
+              default_seconds=10.0, state_after="slow", host="cgroup", leaves_quorum=False),
+    FaultKind("freeze", "replica", False, True, True, "its processes frozen (cgroup freezer), thawed after `seconds`",
+              default_seconds=10.0, state_after="hung", host="cgroup"),
     FaultKind("lighthouse_kill", "lighthouse", False, False, False, "SIGKILL to the lighthouse; the controller restarts it"),
     FaultKind("kill_store_host", "replica", True, False, False, "SIGKILL to the rank hosting the group's rendezvous store",
               signal=_signal.SIGKILL, backends=("local",), state_after="dead", process="store_host"),
@@ -118,6 +144,9 @@ def names(backend: Optional[str] = None) -> list[str]:
     return [k.name for k in KINDS.values() if backend is None or k.supported_on(backend)]
 
 
+STRAGGLER_SHARE = 0.25
+
+
 def ending_kinds() -> frozenset[str]:
     """Kinds after which the target group comes back as a new attempt."""
     return frozenset(k.name for k in KINDS.values() if k.ends_process)
@@ -131,6 +160,8 @@ def names_for(trainer, backend: Optional[str] = None) -> list[str]:
 def require(name: str, backend: Optional[str] = None) -> FaultKind:
     """The kind named ``name``, injectable on ``backend``; ValueError naming the allowed ones otherwise."""
     k = KINDS.get(name)
+    if k is not None and backend is not None and not k.supported_on(backend) and k.needs:
+        raise ValueError(f"{name!r} needs {k.needs}; cluster {backend} has none; allowed: {', '.join(names(backend))}")
     if k is None or (backend is not None and not k.supported_on(backend)):
         where = f" on cluster {backend}" if backend else ""
         raise ValueError(f"{name!r} is not a fault kind{where}; allowed: {', '.join(names(backend))}")

@@ -126,7 +126,16 @@ class Run:
             "bad_lines": self.bad_lines, "controller": self.controller_gone() or "running",
             "replicas": {str(r): v.as_dict() for r, v in sorted(st.replicas.items())},
             "checkpoints": None if trainer_kind(self.spec.trainer).elastic else st.checkpoint_status(),
+            "nodes": {row["node"]: {k: v for k, v in row.items() if k != "node"}
+                      for row in st.nodes.table(st.attempts())},
         }
+
+    def nodes(self) -> pd.DataFrame:
+        """Every ``node_health`` sample (the controller's, ``workbench.nodehealth``): one row per node per sample."""
+        self.refresh()
+        rows = [{k: v for k, v in e.items() if k not in ("kind", "run", "source", "pid")}
+                for e in self._events if e.get("kind") == "node_health"]
+        return pd.DataFrame(rows)
 
     def summary(self) -> dict:
         """The headline figures of the run: steps, faults, stall, kill→rejoin."""
@@ -180,6 +189,8 @@ class Run:
         action = KILL_ALIASES.get(how, how)
         kind = faultkinds.kind(action)
         if kind is None or not kind.supported_on(self.spec.cluster):
+            if kind is not None and kind.needs:
+                raise faults.FaultError(f"how: {how!r} needs {kind.needs}; cluster {self.spec.cluster} has none")
             raise faults.FaultError(f"how: {how!r}; allowed: {', '.join(self.fault_kinds())}")
         if replica is None and kind.targets == "replica":
             replica = 0 if self.run_state.groups == 1 or not trainer_kind(self.spec.trainer).elastic else None

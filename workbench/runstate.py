@@ -40,6 +40,7 @@ from typing import Callable, Iterable, Optional
 
 from . import faultkinds
 from .checkpoint_ledger import CheckpointLedger
+from .nodes import NodeMap, hit_by
 from .procs import Proc
 
 REPLICA_STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
@@ -72,6 +73,7 @@ class ReplicaView:
     diverged_at: Optional[int] = None  # the first step whose loss was NaN or infinite
     dead_attempt: int = -1
     hang: Optional[dict] = None
+    impaired: Optional[dict] = None  # a fault that slows or cuts it off while it runs: kind, t, seconds
     procs: dict = dataclasses.field(default_factory=dict)  # attempt -> Proc
     jobs: dict = dataclasses.field(default_factory=dict)  # attempt -> job id
     exited: set = dataclasses.field(default_factory=set)  # attempts that wrote exit or whose job ended
@@ -95,7 +97,8 @@ class ReplicaView:
 
     def as_dict(self) -> dict:
         return {
-            "state": self.state, "attempt": self.attempt, "step": self.step or 0,
+            "state": self.state, "impaired": self.impaired["kind"] if self.impaired else None,
+            "attempt": self.attempt, "step": self.step or 0,
             "pid": self.proc.pid if self.proc else None, "host": self.proc.host if self.proc else None,
             "job_id": self.job_id, "node": self.node, "t": self.last_seen, "loss": self.loss,
             "restarts": self.restarts, "diverged_at": self.diverged_at,
@@ -119,8 +122,10 @@ class RunState:
         self.spares: dict[int, Proc] = {}
         self.restores: list[dict] = []
         self.checkpoints = CheckpointLedger()
+        self.nodes = NodeMap()  # which node each part of each group runs on (workbench.nodes)
         self.max_committed = 0
         self.faults = self.restarts = self.heals = 0
+        self.host_faults: dict = {}  # (kind, replica) -> a machine fault's event (hostfaults), until its resume
         self.events_seen = 0
         self.bad_events = 0
         self.t0: Optional[float] = None
@@ -203,6 +208,9 @@ class RunState:
         if v is None:
             return
         proc = Proc.from_event(e)
+        self.nodes.start(e, proc)
+        if _int(e.get("task")) > 0:  # another node's part of a group: placement only (workbench.nodes)
+            return
         if proc is not None:
             v.procs[_int(e.get("attempt"))] = proc
         v = self._own(e)
@@ -314,22 +322,44 @@ class RunState:
         action = e.get("action")
         if action != faultkinds.RESUME:
             self.faults += 1
+        if hit_by(action, e.get("node")):  # every group with a part on the node, not only the target
+            self.nodes.fault(action, e["node"])
+            for r in self.nodes.groups_on(e["node"], self.attempts()):
+                self._ended(self.replicas[r], faultkinds.kind(action))
+        elif action == faultkinds.RESUME and hit_by(e.get("resumed"), e.get("node")):
+            self.nodes.resume(e["node"])
         v = self.view(e.get("target")) if e.get("target") != "lighthouse" else None
         if v is None:
             return
         if action != faultkinds.RESUME:
             v.faults += 1
         k = faultkinds.kind(action)
+        if k is not None and k.host:
+            self.host_faults[(action, v.replica)] = e
+        elif action == faultkinds.RESUME:
+            self.host_faults.pop((e.get("resumed"), v.replica), None)
         if k is not None and k.ends_process:
-            v.state = k.state_after or "dead"
-            v.dead_attempt = max(v.dead_attempt, v.attempt)
-            v.hang = None
+            self._ended(v, k)
         elif k is not None and k.pauses_process:
             v.state = k.state_after or "hung"
             v.hang = {"t": t, "step": v.step, "seconds": e.get("seconds")}
-        elif action == faultkinds.RESUME and v.state == "hung":
-            v.hang = None
-            v.state = "participating"
+        elif k is not None and k.impairs:
+            v.impaired = {"kind": action, "t": t, "seconds": e.get("seconds")}
+        elif action == faultkinds.RESUME:
+            if v.impaired and v.impaired["kind"] == e.get("resumed"):
+                v.impaired = None
+            if v.state == "hung":
+                v.hang = None
+                v.state = "participating"
+
+    @staticmethod
+    def _ended(v: ReplicaView, k) -> None:
+        v.state = k.state_after or "dead"
+        v.dead_attempt = max(v.dead_attempt, v.attempt)
+        v.hang = None
+
+    def _on_node_health(self, e: dict, t: float) -> None:
+        self.nodes.sampled(e)
 
     def _on_checkpoint(self, e: dict, t: float) -> None:
         self.checkpoints.apply(e, t)
@@ -393,13 +423,17 @@ class RunState:
         out += self.lighthouse_procs
         for v in self.replicas.values():
             out += list(v.procs.values())
-        out += list(self.spares.values())
+        out += list(self.spares.values()) + self.nodes.procs()
         seen, unique = set(), []
         for p in out:
             if p is not None and (p.pid, p.host) not in seen:
                 seen.add((p.pid, p.host))
                 unique.append(p)
         return unique
+
+    def attempts(self) -> dict[int, int]:
+        """Replica -> its current attempt."""
+        return {r: v.attempt for r, v in self.replicas.items()}
 
     def live_processes(self) -> list[Proc]:
         return [p for p in self.processes() if p.alive()]

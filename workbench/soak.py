@@ -109,6 +109,40 @@ def check_invariants(run: Run) -> dict:
     return result
 
 
+def commit_invariants(events: list[dict]) -> dict:
+    """What must hold after every commit, from the events so far (a notebook checks it live):
+
+    - ``checksum_disagreements``: steps where committed weights checksums of two groups differ
+      (every participant applies the same averaged update, so they agree; a group that committed
+      on its own while cut off would not);
+    - ``steps_committed_twice``: a (group, attempt, step) committed more than once;
+    - ``cut_off_commits``: steps a group committed while a ``partition`` of its node was in force,
+      beyond the one in flight (1 s grace): cut off from the lighthouse and its peers, a group
+      cannot join a quorum, so anything it committed would be weights no one else has.
+    """
+    by_step: dict = {}
+    seen, twice = set(), 0
+    for e in events:
+        if e.get("kind") != "step" or not e.get("committed"):
+            continue
+        key = (e.get("replica"), e.get("attempt", 0), e.get("step"))
+        twice += key in seen
+        seen.add(key)
+        if e.get("weights") is not None and e.get("participating", True):
+            by_step.setdefault(e["step"], {})[e["replica"]] = e["weights"]
+    disagree = sorted(s for s, w in by_step.items() if len(set(w.values())) > 1)
+    cuts = []
+    for f in events:
+        if f.get("kind") == "fault" and f.get("action") == "partition":
+            back = next((r["t"] for r in events if r.get("kind") == "fault" and r.get("resumed") == "partition"
+                         and r.get("target") == f.get("target") and r["t"] > f["t"]), float("inf"))
+            cuts.append((f["target"], f["t"] + 1.0, back))
+    alone = [e for e in events if e.get("kind") == "step" and e.get("committed")
+             and any(e.get("replica") == r and lo < e["t"] < hi for r, lo, hi in cuts)]
+    return {"checksum_disagreements": len(disagree), "steps_committed_twice": twice,
+            "cut_off_commits": len(alone), "steps_checked": len(by_step)}
+
+
 def soak_mix(cluster: str) -> list[str]:
     """Every fault kind the backend injects, a replica kill twice as often as each other kind.
 

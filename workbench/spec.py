@@ -286,7 +286,9 @@ class Spec(_Section):
         applies = faultkinds.names_for(trainer_kind(self.trainer), self.cluster)
         for i, f in enumerate(self.faults):
             if f.action not in here:
-                raise ValueError(f"faults[{i}].action: {f.action} is not a fault on cluster {self.cluster}; "
+                k = faultkinds.kind(f.action)
+                why = f"needs {k.needs}" if k is not None and k.needs else "is not a fault"
+                raise ValueError(f"faults[{i}].action: {f.action} {why} on cluster {self.cluster}; "
                                  f"allowed: {', '.join(here)}")
             if f.action not in applies:
                 raise ValueError(f"faults[{i}].action: {f.action} does not apply to trainer {self.trainer}; "

@@ -37,23 +37,28 @@ for pid, host, started, sig in p.get("signals") or []:
 if p.get("argv"):
     subprocess.run(p["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     acted = True
+done = time.time()  # the undo's time, not the package import's after it (~1 s on a busy host)
 if acted or p.get("always"):
     from workbench.undo import record
-    record(p, time.time())
+    record(p, done)
 """
 
 _REPO_ROOT = str(Path(__file__).resolve().parents[1])
 
 
 def later(run_dir, kind: str, seconds: float, signals: Optional[list] = None, argv: Optional[list[str]] = None,
-          fields: Optional[dict] = None, env: Optional[dict] = None, always: bool = False) -> None:
-    """Undo fault ``kind`` ``seconds`` from now; ``signals``: ``[pid, host, started, sig]`` each."""
+          fields: Optional[dict] = None, env: Optional[dict] = None, always: bool = False) -> list:
+    """Undo fault ``kind`` ``seconds`` from now; ``signals``: ``[pid, host, started, sig]`` each.
+    Returns the helper's identity ``[pid, host, started]`` (a stop mid-fault ends it)."""
     payload = {"until": time.time() + float(seconds), "run_dir": str(run_dir), "kind": kind,
                "signals": signals or [], "argv": argv, "fields": fields or {}, "always": always}
-    subprocess.Popen(
+    helper = subprocess.Popen(
         [sys.executable, "-c", _HELPER, json.dumps(payload)], env=env or dict(os.environ), cwd=_REPO_ROOT,
         start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
     )
+    from .procs import HOST, start_time
+
+    return [helper.pid, HOST, start_time(helper.pid)]
 
 
 def record(payload: dict, t: float) -> None:

@@ -10,6 +10,11 @@ Milestones, each in seconds after the ``fault`` event (NaN: not reached):
   before its heal). Checkpoint-restart (MaxText, ddp-restart): fault →
   restart → ``heal_done`` = restore done → ``participating`` = first step,
   with ``steps_lost``.
+- a fault that impairs the group while it runs (``partition``, ``slow_link``,
+  ``straggler``): fault (cut) → ``quorum_without_victim`` (where its peers go on
+  without it) → ``replacement_started`` = its undo (link back) → ``heal_done`` →
+  ``participating`` (rejoined), each counted from the undo on; a ``freeze``
+  reads as a hang.
 - lighthouse fault: ``detected`` (seen down) → ``replacement_started`` (up
   again) → ``participating`` (training commits again).
 
@@ -197,11 +202,15 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
     vote = _first_from_others(log.failed_commits, tf, victim)
     row["detected"] = min(_since(quorum, tf), _since(vote, tf), key=lambda x: math.inf if math.isnan(x) else x)
     row["quorum_without_victim"] = _since(quorum, tf)
-    same_process = kind.pauses_process
+    same_process = not kind.ends_process
     if same_process:
-        resumed = log.resumes_by_target.get(victim, _EMPTY).first_after(tf)
+        resumed = log.resumes_by_target.get(victim, _EMPTY).first_after(
+            tf, lambda e: e.get("resumed") in (None, kind.name))
         row["replacement_started"] = row["imports_done"] = _since(resumed, tf)
         new_attempt: Callable[[dict], bool] = lambda e: True  # noqa: E731 - the same process carries on
+        if kind.impairs:  # it stepped on while impaired: what counts is after the undo
+            back_at = resumed["t"] if resumed else math.inf
+            new_attempt = lambda e: e["t"] >= back_at  # noqa: E731
     else:
         new_attempt = lambda e: e.get("attempt", 0) > attempt0  # noqa: E731
         row["replacement_started"] = _since(log.of(victim, "start").first_after(tf, new_attempt), tf)
@@ -227,7 +236,8 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
         row["steps_lost"] = 0 if heal else None
     # A group that comes back behind its peers must heal; a paused one that was still the
     # furthest ahead (its peers died meanwhile) carries on from its own next step.
-    carried_on = same_process and back is not None and back.get("step") == last_before + 1
+    # One that stayed in the quorum throughout (a straggler) never fell behind.
+    carried_on = same_process and back is not None and (back.get("step") == last_before + 1 or not kind.leaves_quorum)
     # With every peer down too (overlapping faults), there is no one to heal from: the group
     # restarts from scratch. That recovery completes, but it is a loss, and is flagged.
     lone = False
@@ -236,7 +246,7 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
         lone = not any(s.any_within(tf, lo, back["t"]) for r, s in log.committed_by_replica.items() if r != victim)
     row["from_scratch"] = bool(lone and not same_process)
     required = ["replacement_started", "participating"] + ([] if carried_on or lone else ["heal_done"])
-    if log.has_quorums:
+    if log.has_quorums and kind.leaves_quorum:
         required += ["detected", "quorum_without_victim"]
     row["complete"] = bool(all(not math.isnan(row[k]) for k in required))
     stalls = [s for s in (sv.stall(tf) for sv in log.survivors.values()) if s is not None]

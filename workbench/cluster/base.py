@@ -94,14 +94,61 @@ class Cluster(abc.ABC):
         raise FaultError(f"action: {kind.name} is not a fault on cluster {self.name}; "
                          f"allowed: {', '.join(self.fault_kinds())}")
 
+    def inject_host(self, kind: FaultKind, view, seconds: float, node: Optional[str] = None) -> dict:
+        """A kind of the table done to the machine (``kind.host``: cgroup or link, ``workbench.hostfaults``),
+        undone by the detached helper after ``seconds``; the ``fault`` event's fields."""
+        from .. import hostfaults, undo
+
+        fields = {"target": view.replica, "attempt": view.attempt}
+        try:
+            if kind.host == "link":
+                if not node:
+                    raise FaultError(f"target: replica {view.replica} has not started on a node yet")
+                made = hostfaults.cut_link(kind.name, node)
+                fields["node"] = node
+            else:
+                proc = view.live_proc()
+                why = "has no live process" if proc is None else proc.why_not()
+                if why is not None:
+                    raise FaultError(f"target: replica {view.replica}: {why}; {kind.name} needs its processes here")
+                share = faultkinds.STRAGGLER_SHARE
+                made = hostfaults.confine(kind.name, hostfaults.cgroup_name(self.run_dir.name, view.replica, kind.name),
+                                          [proc.pid, *(p.pid for p in proc.descendants())], share=share)
+                fields.update(pid=proc.pid, cgroup=made.cgroup, pids=sorted(made.origins))
+                if kind.name == "straggler":
+                    fields["share"] = share
+        except hostfaults.HostFaultError as e:
+            raise FaultError(str(e)) from None
+        fields["undo_helper"] = undo.later(
+            self.run_dir, kind.name, seconds, argv=made.undo_argv(),
+            fields={k: v for k, v in fields.items() if k in ("target", "node", "pid", "cgroup")})
+        return fields
+
     def undo(self, payload: dict) -> dict:
         """In the detached undo helper, after its primitive action: anything left to do
         (restart a daemon); returns extra fields for the ``resume`` event."""
         return {}
 
+    def release_faults(self, state) -> list[str]:
+        """Undo what this run's machine-level faults still hold (a stop mid-fault): its cgroups by name,
+        and each link of a fault whose ``resume`` has not come. Returns what was undone."""
+        from .. import hostfaults
+        from ..procs import Proc
+
+        open_faults = list(state.host_faults.items())
+        links = [(k, e["node"]) for (k, _), e in open_faults
+                 if getattr(faultkinds.kind(k), "host", None) == "link" and e.get("node")]
+        undone = hostfaults.release_run(self.run_dir.name, links)
+        for _, e in open_faults:  # their undo is done: the helpers waiting to do it have nothing left
+            helper = e.get("undo_helper")
+            if isinstance(helper, list) and len(helper) == 3 and Proc(*helper).why_not() is None:
+                Proc(*helper).signal(signal.SIGKILL)
+        return undone
+
     def stop_all(self, state) -> list[str]:
         """The controller is gone: SIGKILL every live process the run recorded (identity
         checked). Returns a line per process not signalled, and why."""
+        self.release_faults(state)
         skipped = []
         for proc in state.processes():
             why = proc.why_not()

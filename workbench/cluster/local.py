@@ -11,6 +11,8 @@ to every process it started: MaxText's interpreter, TorchTitan's ranks),
 each only after its identity is proven (``workbench.procs``). A kind with a
 ``signal`` in the table is that signal; ``preempt`` is SIGTERM; a pausing kind
 is SIGSTOP now and SIGCONT from the detached undo helper after ``seconds``.
+``straggler`` and ``freeze`` are cgroups (``Cluster.inject_host``); the
+network kinds need nodes in namespaces, which this backend has not.
 """
 
 from __future__ import annotations
@@ -37,6 +39,8 @@ class LocalCluster(Cluster):
 
     def inject(self, kind: FaultKind, view, seconds, origin: str, proc=None) -> dict:
         """``proc``: another process of the group than its recorded one (``workbench.fault_targets``)."""
+        if kind.host is not None:
+            return self.inject_host(kind, view, seconds)
         proc = proc or view.live_proc()
         if proc is None:
             raise FaultError(f"target: replica {view.replica} has no live process to {kind.name}")

@@ -20,7 +20,9 @@ requeues a batch job after a node failure by default, and would re-run the
 same pickled ``JobContext`` with the same attempt number. Instead a job that
 ended is the controller's to resubmit, as attempt + 1. The lighthouse runs
 inside the controller on the submit host, bound to ``lighthouse.bind_host``:
-an address the compute nodes can reach (127.0.0.1 for the dev cluster).
+an address the compute nodes can reach. A loopback one is taken to mean "this
+host": where the nodes are not on loopback (the dev cluster's namespaced nodes)
+it becomes this host's address toward them (the bridge's, 198.18.0.1).
 A checkpoint-restart trainer (MaxText) is one job over ``slurm.nodes``
 nodes, resubmitted the same way, and resumes from its last durable
 checkpoint; ``slurm.requeue: true`` lets Slurm requeue it instead (the same
@@ -54,7 +56,7 @@ import submitit
 from . import slurm_faults, slurm_validate
 from .base import Cluster
 from .slurm_client import (TERMINAL_STATES, client_env, cluster_identity, executor_parameters, job_states,
-                           resolve_conf, slurm_cmd)
+                           resolve_conf, slurm_cmd, submit_host_toward_nodes)
 
 __all__ = ["SlurmCluster", "TERMINAL_STATES", "client_env", "executor_parameters", "resolve_conf", "slurm_cmd"]
 
@@ -81,6 +83,19 @@ class SlurmCluster(Cluster):
         ex = submitit.SlurmExecutor(folder=self.folder)
         ex.update_parameters(**executor_parameters(self.spec, self.elastic))
         return ex
+
+    @property
+    def lighthouse_host(self) -> str:
+        """``lighthouse.bind_host``; a loopback one becomes this host's address toward the nodes when they
+        are not on loopback (the dev cluster's namespaced nodes reach the head at the bridge's address)."""
+        import ipaddress
+
+        host = self.spec.lighthouse.bind_host
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host
+        return submit_host_toward_nodes(self.conf, host) if loopback else host
 
     @classmethod
     def validate(cls, spec) -> None:

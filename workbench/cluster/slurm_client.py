@@ -117,13 +117,40 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
 
 
 def node_address(name: str) -> str:
-    """The address jobs reach node ``name`` at: its ``NodeAddr`` in ``scontrol show node`` (``$SLURM_CONF``'s cluster).
+    """The address Slurm reaches node ``name`` at (``NodeAddr`` of ``scontrol show node -o``).
 
-    Slurm's own record, not the name resolved by DNS: a node's name need not resolve (the dev
-    cluster's do not), and the address is what its daemons and a job's coordinator listen on.
+    The cluster is ``$SLURM_CONF``'s (inside a job: the job's). Raises
+    ``LookupError`` naming the node when Slurm does not know it.
     """
-    out = slurm_cmd(None, "scontrol", "show", "node", "-o", name)
-    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", out.stdout) if out.returncode == 0 else None
-    if m is None:
-        raise RuntimeError(f"node {name!r}: Slurm gives no NodeAddr: {(out.stderr or out.stdout).strip()}")
+    return node_address_of(os.environ.get("SLURM_CONF"), name)
+
+
+def node_address_of(conf: Optional[str], name: str) -> str:
+    """:func:`node_address` on the cluster of ``conf``."""
+    result = slurm_cmd(conf, "scontrol", "show", "node", "-o", name)
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", result.stdout)
+    if result.returncode or not m:
+        raise LookupError(f"node {name!r}: no NodeAddr from scontrol ({(result.stderr or result.stdout).strip()})")
     return m.group(1)
+
+
+def submit_host_toward_nodes(conf: Optional[str], fallback: str) -> str:
+    """This host's address on the way to the cluster's first node; ``fallback`` when that node is on loopback.
+
+    The lighthouse binds it: on the dev cluster with namespaced nodes, the bridge's address.
+    """
+    import ipaddress
+    import socket
+
+    first = (slurm_cmd(conf, "sinfo", "-h", "-N", "-o", "%N").stdout.split() or [None])[0]
+    if first is None:
+        return fallback
+    try:
+        addr = node_address_of(conf, first)
+        if ipaddress.ip_address(addr).is_loopback:
+            return fallback
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))  # UDP: picks the route, sends nothing
+            return s.getsockname()[0]
+    except (LookupError, ValueError, OSError):
+        return fallback

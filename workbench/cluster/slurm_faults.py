@@ -11,6 +11,8 @@ the trainer's ``start`` event its node).
 | ``preempt`` | ``scancel --signal=USR2 JOB`` (submitit's preemption signal): the trainer ends its step, exits |
 | ``hang`` | ``scancel --signal=STOP JOB``, then ``--signal=CONT`` after ``seconds`` |
 | ``node_down`` | ``scontrol update NodeName=N State=DOWN``: fails the jobs on it; RESUME after ``seconds`` |
+| ``partition``, ``slow_link`` | dev cluster only: the node's veth down / a ``tbf`` on it (``workbench.hostfaults``) |
+| ``straggler``, ``freeze`` | the group's processes (on this host: the dev cluster) in a throttling / frozen cgroup |
 | ``slurmd_kill`` | dev cluster only: SIGKILL to the node's slurmd (the dev cluster's record), restarted after ``seconds`` |
 
 [1] A plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption.
@@ -41,7 +43,7 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
         raise FaultError(f"target: replica {view.replica} has no live Slurm job to {kind.name}")
     attempt, job_id = current
     node = view.node if attempt == view.attempt else None
-    if kind.name in NODE_KINDS and not node:
+    if (kind.name in NODE_KINDS or kind.host == "link") and not node:
         node = slurm_cmd(conf, "squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip() or None
     if node and ("," in node or "[" in node):  # a multi-node job: its first node
         node = (slurm_cmd(conf, "scontrol", "show", "hostnames", node).stdout.split() or [None])[0]
@@ -53,6 +55,10 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
         if result.returncode != 0:
             raise FaultError(f"{kind.name}: `{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()}")
 
+    if kind.host is not None:
+        if kind.host == "link" and not node:
+            raise FaultError(f"target: replica {view.replica}'s job {job_id} has not started on a node yet")
+        return {**cluster.inject_host(kind, view, seconds, node=node), "job_id": job_id, "node": node}
     env = client_env(conf)
     node_fields = {"target": node, "node": node, "replica_hit": view.replica}  # a node's undo names the node
     if kind.pauses_process:

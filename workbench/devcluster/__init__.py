@@ -1,7 +1,7 @@
 """A real Slurm cluster on localhost, for demos and tests: development tooling, not a backend.
 
 Debian's Slurm 22.05 is built with ``MULTIPLE_SLURMD``, so one host can run
-several ``slurmd``, each pretending to be a node: ``NodeName=n[1-3]
+several ``slurmd``, each pretending to be a node: ``NodeName=n[1-4]
 NodeHostname=localhost Port=<a>-<c>`` and one ``slurmd -N nI`` per node. Beside
 them run the daemons a real site has, each with its state in one directory
 (``~/.cache/workbench/slurm``, or ``$WORKBENCH_SLURM_DIR``) and none through
@@ -14,7 +14,7 @@ systemd:
     accounting. submitit reads job states with ``sacct``, which fails without
     it (and then ``result()`` of a cancelled job waits forever). Accounting also
     gives ``--account`` validation (``AccountingStorageEnforce=associations``).
-``slurmctld``, ``slurmd -N n1..n3``
+``slurmctld``, ``slurmd -N n1..n4``
     the scheduler and the nodes.
 
 A client needs only ``SLURM_CONF`` (see :func:`up` / :func:`client_env`); the

@@ -14,22 +14,29 @@ from .lifecycle import down, status, up
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``workbench cluster up|down|status [--dir DIR]``."""
     parser = argparse.ArgumentParser(
-        prog="workbench cluster", description="A local Slurm cluster (3 nodes on this host) for demos and tests."
+        prog="workbench cluster", description="A local Slurm cluster (4 nodes on this host, each in its own network namespace) "
+                    "for demos and tests."
     )
     parser.add_argument("action", choices=("up", "down", "status"))
     parser.add_argument("--dir", dest="state_dir", default=None,
                         help=f"state directory (default ${ENV_STATE_DIR} or {DEFAULT_STATE_DIR})")
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
+    parser.add_argument("--logical", action="store_true",
+                        help="up: no network namespaces; every node on 127.0.0.1 (the fallback where none can be made)")
     args = parser.parse_args(argv)
     try:
         if args.action == "up":
-            info = up(args.state_dir)
+            info = up(args.state_dir, namespaces=not args.logical, say=lambda line: print(line, file=sys.stderr))
             if args.json:
                 print(json.dumps(info, indent=2))
             else:
                 verb = "started" if info["started"] else "already up"
                 print(f"dev Slurm cluster {verb} in {info['seconds']:.1f}s: {info['state_dir']}")
                 print(f"partition={info['partition']} account={info['account']} nodes={','.join(info['nodes'])}")
+                net = info.get("network") or {}
+                if net:
+                    addrs = " ".join(f"{n}={a}" for n, a in net["nodes"].items())
+                    print(f"network={net['mode']} head={net['head']} {addrs}")
                 for key, value in info["env"].items():
                     print(f"export {key}={value}")
             return 0
@@ -44,8 +51,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
             print(f"{info['state_dir']}: {'up' if info['up'] else 'not up'}")
             for name, d in info["daemons"].items():
                 print(f"  {name:<12} {'alive' if d['alive'] else 'dead':<6} pid={d['pid']}")
+            net = info["network"]
             for node, node_state in info["nodes"].items():
-                print(f"  node {node}: {node_state}")
+                where = net["nodes"].get(node, {})
+                extra = f" {where['address']}" if where else ""
+                extra += f" netns={where['netns']}" if where.get("netns") else ""
+                print(f"  node {node}: {node_state}{extra}")
         return 0 if info["up"] else 1
     except DevClusterError as e:
         print(f"workbench cluster {args.action}: {e}", file=sys.stderr)

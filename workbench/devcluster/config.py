@@ -54,16 +54,27 @@ def db_password(layout: Layout) -> str:
     return layout.db_password.read_text().strip()
 
 
-def write_configs(layout: Layout, ports: Mapping[str, int], user: str) -> None:
+def write_configs(layout: Layout, ports: Mapping[str, int], user: str,
+                  node_addresses: Optional[Mapping[str, str]] = None, head: str = "127.0.0.1") -> None:
+    """``node_addresses`` (node -> its namespace's address) gives each node its own line and ``NodeAddr``,
+    and slurmctld the ``head`` address the nodes reach it at; None: every node on 127.0.0.1."""
     munge_auth = f"AuthInfo=socket={layout.munge_socket},cred_expire=10"
     first_slurmd = ports[f"slurmd-{NODES[0]}"]
     last_slurmd = ports[f"slurmd-{NODES[-1]}"]
     node_range = f"{NODES[0][0]}[{NODES[0][1:]}-{NODES[-1][1:]}]"
     spool = layout.slurmd_spool
+    if node_addresses:
+        node_lines = "\n".join(
+            f"NodeName={n} NodeHostname=localhost NodeAddr={node_addresses[n]} Port={ports[f'slurmd-{n}']} "
+            f"CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN" for n in NODES)
+    else:
+        node_lines = (f"NodeName={node_range} NodeHostname=localhost NodeAddr=127.0.0.1 "
+                      f"Port={first_slurmd}-{last_slurmd} CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} "
+                      f"State=UNKNOWN")
     slurm_conf = f"""\
 # Written by workbench.devcluster; rewritten by every cold `up`.
 ClusterName={CLUSTER_NAME}
-SlurmctldHost=localhost(127.0.0.1)
+SlurmctldHost=localhost({head})
 SlurmctldPort={ports['slurmctld']}
 SlurmUser={user}
 SlurmdUser={user}
@@ -101,8 +112,7 @@ AccountingStoragePort={ports['slurmdbd']}
 AccountingStoragePass={layout.munge_socket}
 AccountingStorageEnforce=associations
 JobCompType=jobcomp/none
-NodeName={node_range} NodeHostname=localhost NodeAddr=127.0.0.1 Port={first_slurmd}-{last_slurmd} \
-CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN
+{node_lines}
 PartitionName={PARTITION} Nodes={node_range} Default=YES MaxTime=INFINITE State=UP
 """
     slurmdbd_conf = f"""\

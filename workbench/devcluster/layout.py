@@ -20,7 +20,7 @@ from typing import Any, Iterator, Mapping, Optional
 ENV_STATE_DIR = "WORKBENCH_SLURM_DIR"
 DEFAULT_STATE_DIR = Path("~/.cache/workbench/slurm")
 CLUSTER_NAME = "workbench"
-NODES = ("n1", "n2", "n3")
+NODES = ("n1", "n2", "n3", "n4")  # 4: two 2-node replica groups side by side
 PARTITION = "debug"
 ACCOUNT = "workbench"
 # Oversubscribed on purpose: tiny CPU jobs, several at once on a 2-core host.

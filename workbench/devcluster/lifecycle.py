@@ -19,6 +19,7 @@ from .layout import (
     ACCOUNT, CLUSTER_NAME, DAEMONS, NODES, PARTITION, DevClusterError, Layout, check_state_dir, locked,
     read_state, resolve_state_dir, write_state,
 )
+from . import netns
 from .services import ensure_associations, start_mariadb, start_munged, start_slurmdbd
 
 StateDir = Optional[os.PathLike | str]
@@ -29,8 +30,13 @@ def client_env(state_dir: StateDir = None) -> dict[str, str]:
     return {"SLURM_CONF": str(Layout(resolve_state_dir(state_dir)).slurm_conf)}
 
 
-def up(state_dir: StateDir = None, timeout_s: float = 90.0) -> dict[str, Any]:
-    """Start the cluster unless it is already up; wait until its 3 nodes are idle.
+def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = True,
+       say=print) -> dict[str, Any]:
+    """Start the cluster unless it is already up; wait until its nodes are idle.
+
+    With ``namespaces`` each node's slurmd runs in its own network namespace
+    (:mod:`.netns`); where none can be made, ``say`` gets one line why and the
+    nodes are logical (every one on 127.0.0.1), as with ``namespaces=False``.
 
     Returns ``state_dir``, ``slurm_conf``, ``env`` (for clients), ``cluster``,
     ``partition``, ``account``, ``nodes``, ``pids``, ``ports``, ``log_dir``,
@@ -47,7 +53,8 @@ def up(state_dir: StateDir = None, timeout_s: float = 90.0) -> dict[str, Any]:
         started = not (state and all(alive(state["daemons"].get(d)) for d in DAEMONS))
         if started:
             stop_recorded(state)
-            state = _start_all(layout, state, deadline=time.monotonic() + timeout_s)
+            state = _start_all(layout, state, deadline=time.monotonic() + timeout_s,
+                               network=_network(namespaces, say))
     return _describe(layout, state, started=started, seconds=time.monotonic() - t0)
 
 
@@ -59,17 +66,37 @@ def down(state_dir: StateDir = None, timeout_s: float = 30.0) -> list[str]:
     """
     layout = Layout(resolve_state_dir(state_dir))
     if not layout.root.is_dir():
+        remove_network()
         return []
     with locked(layout):
         state = read_state(layout)
         if not state:
+            remove_network()
             return []
         if alive(state["daemons"].get("slurmctld")):
             _cancel_all_jobs(layout, deadline=time.monotonic() + timeout_s)
         stopped = stop_recorded(state, timeout_s=timeout_s)
         state["daemons"] = {}
         write_state(layout, state)
+        remove_network()
     return stopped
+
+
+def remove_network() -> list[str]:
+    """Delete every namespace and link named with :data:`.netns.PREFIX` whose namespace no process is in.
+
+    ``down`` calls it, so a namespace an earlier ``up`` left behind (it crashed,
+    or was killed) goes too. A namespace with processes in it is another dev
+    cluster's, still running: left alone.
+    """
+    from .. import hostfaults
+
+    left = hostfaults.sweep()  # cgroups, qdiscs and downed links a fault left (its run's controller died)
+    busy = [ns for ns in netns.ours()["netns"] if netns.pids(ns)]
+    if busy:
+        return left
+    found = netns.remove_all()
+    return left + found["netns"] + found["links"]
 
 
 def status(state_dir: StateDir = None) -> dict[str, Any]:
@@ -94,7 +121,34 @@ def status(state_dir: StateDir = None) -> dict[str, Any]:
         "up": all(d["alive"] for d in daemons.values()),
         "daemons": daemons,
         "nodes": nodes,
+        "network": _network_view(state.get("network"), nodes),
     }
+
+
+def _network(namespaces: bool, say) -> dict[str, Any]:
+    """The network ``up`` is about to build: per-node namespaces where possible, else logical nodes."""
+    if namespaces:
+        busy = [ns for ns in netns.ours()["netns"] if netns.pids(ns)]
+        why = (f"namespaces {' '.join(busy)} are in use by another dev cluster" if busy
+               else netns.available())
+        if why is None:
+            return {"mode": "netns", "head": netns.HEAD_ADDRESS, "nodes": netns.addresses(NODES)}
+        say(f"workbench cluster up: no network namespaces ({why}); nodes are logical, all on 127.0.0.1")
+        return {"mode": "logical", "head": "127.0.0.1", "nodes": {n: "127.0.0.1" for n in NODES}, "why": why}
+    return {"mode": "logical", "head": "127.0.0.1", "nodes": {n: "127.0.0.1" for n in NODES}}
+
+
+def _network_view(network: Optional[dict], node_states: dict[str, str]) -> dict[str, Any]:
+    """``mode``, ``head`` and per node its ``address``, Slurm ``state``, ``netns`` and ``link`` (netns mode)."""
+    if not network:
+        return {"mode": None, "head": None, "nodes": {}}
+    nodes = {}
+    for node, addr in network["nodes"].items():
+        entry = {"address": addr, "state": node_states.get(node)}
+        if network["mode"] == "netns":
+            entry.update(netns=netns.namespace(node), link=netns.host_link(node))
+        nodes[node] = entry
+    return {"mode": network["mode"], "head": network["head"], "nodes": nodes}
 
 
 def find_slurm_conf(state_dir: StateDir = None) -> Optional[Path]:
@@ -152,19 +206,23 @@ def _slurmd_record(conf: Optional[str], node: str) -> tuple[Layout, dict, dict]:
     return layout, state, entry
 
 
-def _start_all(layout: Layout, old_state: Optional[dict], deadline: float) -> dict[str, Any]:
+def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
+               network: dict[str, Any]) -> dict[str, Any]:
     for d in (layout.etc, layout.log, layout.run, layout.munge, layout.ctld_state, layout.slurmd_spool):
         d.mkdir(parents=True, exist_ok=True)
     user = getpass.getuser()
     ports = choose_ports((old_state or {}).get("ports"))
     fresh_ctld = not any(layout.ctld_state.iterdir())
-    state: dict[str, Any] = {"ports": ports, "user": user, "daemons": {}}
+    state: dict[str, Any] = {"ports": ports, "user": user, "daemons": {}, "network": network}
     write_state(layout, state)
 
-    write_configs(layout, ports, user)
+    namespaced = network["mode"] == "netns"
+    write_configs(layout, ports, user, network["nodes"] if namespaced else None, head=network["head"])
     env = daemon_env(layout)
 
     try:
+        if namespaced:
+            netns.create(NODES)
         start_munged(layout, state)
         start_mariadb(layout, state, user, deadline)
         start_slurmdbd(layout, state, deadline)
@@ -173,7 +231,9 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float) -> di
         wait_until(lambda: "is UP" in run_client(layout, ["scontrol", "ping"], check=False).stdout,
                    deadline, layout, "slurmctld")
         for node in NODES:
-            start(layout, state, f"slurmd-{node}", ["slurmd", "-D", "-N", node, "-f", str(layout.slurm_conf)], env)
+            prefix = netns.exec_prefix(node) if namespaced else []
+            start(layout, state, f"slurmd-{node}",
+                  [*prefix, "slurmd", "-D", "-N", node, "-f", str(layout.slurm_conf)], env)
         wait_until(lambda: _nodes_registered(layout), deadline, layout, "slurmd-n1")
         if not fresh_ctld:
             _resume_unusable_nodes(layout)
@@ -182,6 +242,8 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float) -> di
         stop_recorded(state)
         state["daemons"] = {}
         write_state(layout, state)
+        if namespaced:
+            remove_network()
         raise
     return state
 
@@ -234,6 +296,7 @@ def _describe(layout: Layout, state: dict, started: bool, seconds: float) -> dic
         "partition": PARTITION,
         "account": ACCOUNT,
         "nodes": list(NODES),
+        "network": state.get("network"),
         "ports": dict(state["ports"]),
         "pids": {name: entry["pid"] for name, entry in state["daemons"].items()},
         "started": started,

@@ -61,6 +61,16 @@ class JobContext:
             return True
         return False
 
+    def listen_host(self) -> str:
+        """The one address every listener of this job binds: 127.0.0.1 on a local run, else the node's own
+        (Slurm's ``NodeAddr``: on the dev cluster the node's namespace address, 127.0.0.1 for logical nodes)."""
+        node = os.environ.get("SLURMD_NODENAME")
+        if self.loopback_only or not node:
+            return "127.0.0.1"
+        from ..cluster.slurm_client import node_address
+
+        return node_address(node)
+
     @staticmethod
     def placement() -> dict:
         """Where this job landed: the node and scheduler job id, for the health grid."""

@@ -1,4 +1,4 @@
-"""Keep every listener of a local run on 127.0.0.1.
+"""Keep every listener of a run on one address: 127.0.0.1 locally, the node's own address on a cluster.
 
 torchft's control path can kill training and serves the full model: the
 lighthouse's ``POST /replica/<id>/kill``, each Manager's gRPC ``Kill``, the
@@ -22,8 +22,14 @@ Manager and process group that someone else builds (torchtitan's
 ``TorchFTManager`` calls ``torchft.ProcessGroupGloo(...)`` and
 ``torchft.Manager(...)`` without a hostname); call it before they are built.
 
-On a cluster the nodes must reach each other, so none of this applies there;
+On a cluster the nodes must reach each other, so there :func:`bind_to` sets
+the one address every listener binds to the node's own (``JobContext.listen_host``:
+Slurm's ``NodeAddr``, on the dev cluster the node's namespace address), never a
+wildcard, and gloo's interface to the one holding it (:func:`interface_of`).
 docs/security.md says what stays exposed and to whom.
+
+A heal records where its bytes came from (:func:`route`): torchft issue 329
+was a heal over the wrong interface that took ~800 s instead of ~20 s.
 """
 
 from __future__ import annotations
@@ -34,6 +40,46 @@ from http.server import ThreadingHTTPServer
 
 HOST = "127.0.0.1"
 _LISTEN_SOCKETS: list[socket.socket] = []
+
+
+def bind_to(host: str) -> None:
+    """Every listener made from now on binds ``host`` (a loopback or the node's own address)."""
+    global HOST
+    HOST = host
+
+
+def interface_of(address: str) -> str:
+    """The name of this network stack's interface that holds ``address`` (``lo`` for a loopback)."""
+    import psutil
+
+    for name, addrs in psutil.net_if_addrs().items():
+        if any(a.family == socket.AF_INET and a.address == address for a in addrs):
+            return name
+    raise LookupError(f"no interface here holds {address}")
+
+
+def route(url_or_host: str) -> dict:
+    """Where a connection to ``url_or_host`` goes: the peer's address, and this side's address and interface."""
+    from urllib.parse import urlsplit
+
+    host = urlsplit(url_or_host).hostname if "//" in url_or_host else url_or_host
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        s.connect((host, 9))  # UDP: picks the route, sends nothing
+        local = s.getsockname()[0]
+    try:
+        iface = interface_of(local)
+    except LookupError:
+        iface = None
+    return {"served_from": host, "local_address": local, "interface": iface}
+
+
+def heal_fields(metadata: str, seconds: float, nbytes: int) -> dict:
+    """What every ``heal`` event carries about its transfer: source, route and rate."""
+    try:
+        where = route(metadata)
+    except (OSError, TypeError, ValueError):
+        where = {"served_from": None, "local_address": None, "interface": None}
+    return {**where, "bytes_per_s": nbytes / seconds if seconds > 0 else None}
 
 
 class LoopbackHTTPServer(ThreadingHTTPServer):
@@ -63,12 +109,15 @@ def loopback_address(transport) -> str:
     return f"http://{HOST}:{port}/checkpoint/"
 
 
-def install() -> None:
-    """Patch torchft so the Manager server, checkpoint server and process groups' stores bind loopback."""
+def install(host: str = None) -> None:
+    """Patch torchft so the Manager server, checkpoint server and process groups' stores bind :data:`HOST`
+    (``host`` when given)."""
     import torchft
     import torchft.checkpointing.http_transport as http_transport
     import torchft.manager as manager
 
+    if host:
+        bind_to(host)
     http_transport._IPv6HTTPServer = LoopbackHTTPServer
     http_transport.HTTPTransport.address = loopback_address
     upstream = manager.ManagerServer

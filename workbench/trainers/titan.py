@@ -19,8 +19,23 @@ with ``reason="preempted"``. Each rank starts with the stop signals held
 pending (:func:`.kit.hold_stop_signals`), so one that arrives while its
 interpreter starts is delivered once its handler exists.
 
-On a local run (``ctx.loopback_only``) the store listens on 127.0.0.1 only and
-the ranks install :mod:`.loopback` (``WORKBENCH_LOOPBACK_ONLY``).
+Every listener binds one address (``ctx.listen_host()``): 127.0.0.1 on a local
+run, the node's own on Slurm; the ranks install :mod:`.loopback` with it
+(``WORKBENCH_BIND_HOST``) before torchtitan builds torchft's Manager.
+
+Over several nodes
+------------------
+With ``slurm.nodes: N`` the group's job has N Slurm tasks, one per node (the
+``srun`` submitit does), each running :func:`run`: task ``t`` starts ranks
+``t*nproc .. t*nproc+nproc-1`` (``GROUP_RANK=t``), so the group has
+``N*nproc`` ranks. Task 0 hosts the group's TCPStore on its node's address and
+publishes the port in ``rendezvous/replica-<r>.attempt-<a>.json`` (the run
+directory is shared); the other tasks read it and point their ranks'
+``MASTER_ADDR`` at task 0's node, as ``torchrun --rdzv-endpoint`` would. Task
+0 writes the replica's ``start``/``exit``; task ``t > 0`` writes a ``start``
+(its node, address and PID, ``task=t``) to ``replica-<r>.attempt-<a>.task-<t>``,
+so the fold knows every node the group is on. Killing the job (``scancel
+--full``) kills every task and so every rank on every node.
 
 Configs
 -------
@@ -134,21 +149,57 @@ def run(ctx: JobContext) -> None:
     """The submitit job of one replica group: start the ranks, forward a stop to them, wait, report failure."""
     spec = ctx.spec
     nproc = int(spec.get("nproc_per_replica", 1))
-    writer = ctx.writer()
-    writer.emit("start", trainer="titan", role="replica", world_size=nproc)
+    task, ntasks = int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1"))
+    host = ctx.listen_host()
+    if task == 0:
+        writer = ctx.writer()
+    else:
+        from ..events import EventWriter
+
+        writer = EventWriter(ctx.run_dir, f"{ctx.writer_name}.task-{task}", run=ctx.run_id,
+                             replica=ctx.replica, attempt=ctx.attempt)
+    writer.emit("start", trainer="titan", role="replica" if task == 0 else "task", task=task, tasks=ntasks,
+                world_size=nproc * ntasks, address=host, **ctx.placement())
     ranks: list[subprocess.Popen] = []
     stop = _StopForwarder(ranks)
     restore = on_stop_signals(stop.handle)
     try:
-        _run_ranks(ctx, nproc, writer, ranks, stop)
+        _run_ranks(ctx, nproc, writer, ranks, stop, host, task, ntasks)
     finally:
         restore()
         writer.close()
 
 
-def _run_ranks(ctx: JobContext, nproc: int, writer, ranks: list[subprocess.Popen], stop: "_StopForwarder") -> None:
-    import torch
+def rendezvous_file(ctx: JobContext) -> Path:
+    return Path(ctx.run_dir) / "rendezvous" / f"{ctx.writer_name}.json"
 
+
+def _rendezvous(ctx: JobContext, host: str, task: int, timeout_s: float = 120.0) -> tuple[Optional[object], str, int]:
+    """Task 0: host the group's store on ``host`` and publish it. Others: wait for it. -> (store, addr, port)."""
+    import json
+    import time
+
+    from . import loopback
+
+    path = rendezvous_file(ctx)
+    if task == 0:
+        store = loopback.loopback_store()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps({"addr": host, "port": store.port}))
+        tmp.replace(path)
+        return store, host, store.port
+    deadline = time.monotonic() + timeout_s
+    while not path.exists():
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"titan replica {ctx.replica}: task 0's rendezvous {path} not there in {timeout_s}s")
+        time.sleep(0.1)
+    found = json.loads(path.read_text())
+    return None, found["addr"], int(found["port"])
+
+
+def _run_ranks(ctx: JobContext, nproc: int, writer, ranks: list[subprocess.Popen], stop: "_StopForwarder",
+               host: str, task: int, ntasks: int) -> None:
     from . import loopback
     from .titan_assets import ensure_assets
 
@@ -160,47 +211,50 @@ def _run_ranks(ctx: JobContext, nproc: int, writer, ranks: list[subprocess.Popen
     if stop.signum is not None:
         writer.emit("exit", reason="preempted", step=None)
         return
-    if ctx.loopback_only:
-        store = loopback.loopback_store()
-    else:
-        store = torch.distributed.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    env = rank_env(ctx, nproc, store.port)
-    for rank in range(nproc):
+    loopback.bind_to(host)
+    store, master, port = _rendezvous(ctx, host, task)  # noqa: F841 (task 0 serves on it while the ranks run)
+    env = rank_env(ctx, nproc, port, master=master, host=host, task=task, ntasks=ntasks)
+    for local in range(nproc):
+        rank = task * nproc + local
         ranks.append(subprocess.Popen(
             [sys.executable, "-m", RANK_MODULE, *argv],
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(rank), "ROLE_RANK": str(rank)},
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(local), "ROLE_RANK": str(rank)},
             stdin=subprocess.DEVNULL, preexec_fn=functools.partial(_rank_preexec, os.getpid()),
         ))
     if stop.signum is not None:
         stop.forward()  # it came while the ranks were being started
     failed = _wait_all(ranks)
     if failed is not None:
-        error = f"rank {failed[0]} exited with {failed[1]}"
+        error = f"rank {task * nproc + failed[0]} exited with {failed[1]}"
         writer.emit("exit", reason="error", step=None, error=error)
         raise RuntimeError(f"titan replica {ctx.replica}: {error}")
 
 
-def rank_env(ctx: JobContext, nproc: int, store_port: int) -> dict[str, str]:
-    """The environment every rank of the group shares (``RANK`` and friends are added per rank)."""
+def rank_env(ctx: JobContext, nproc: int, store_port: int, master: str = "127.0.0.1", host: str = "127.0.0.1",
+             task: int = 0, ntasks: int = 1) -> dict[str, str]:
+    """The environment every rank of the group's task shares (``RANK`` and friends are added per rank)."""
     import torch
+
+    from .loopback import interface_of
 
     spec = ctx.spec
     env = {
         **os.environ,
         **OFFLINE_ENV,
-        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_ADDR": master,
         "MASTER_PORT": str(store_port),
         "TORCHELASTIC_USE_AGENT_STORE": "True",
-        "WORLD_SIZE": str(nproc),
+        "WORLD_SIZE": str(nproc * ntasks),
         "LOCAL_WORLD_SIZE": str(nproc),
-        "GROUP_RANK": "0",
+        "GROUP_RANK": str(task),
+        "WORKBENCH_BIND_HOST": host,
+        "GLOO_SOCKET_IFNAME": interface_of(host),
         "WORKBENCH_RUN_DIR": ctx.run_dir,
         "WORKBENCH_RUN_ID": ctx.run_id,
         "WORKBENCH_REPLICA": str(ctx.replica),
         "WORKBENCH_ATTEMPT": str(ctx.attempt),
         "WORKBENCH_HEARTBEAT_S": str(spec.get("heartbeat_s", 1.0)),
         "WORKBENCH_CHECKSUM_EVERY": str(spec.get("checksum_every", 10)),
-        "WORKBENCH_LOOPBACK_ONLY": "1" if ctx.loopback_only else "0",
         "TORCHFT_TIMEOUT_SEC": str(max(1, round(spec["torchft"]["timeout_s"]))),
         "TORCHFT_QUORUM_TIMEOUT_SEC": str(max(1, round(spec["torchft"]["quorum_timeout_s"]))),
         "TORCHFT_QUORUM_RETRIES": str(spec["torchft"]["quorum_retries"]),
@@ -208,9 +262,7 @@ def rank_env(ctx: JobContext, nproc: int, store_port: int) -> dict[str, str]:
     }
     if ctx.lighthouse_addr:
         env["TORCHFT_LIGHTHOUSE"] = ctx.lighthouse_addr
-    if ctx.loopback_only:
-        env.setdefault("GLOO_SOCKET_IFNAME", "lo")
-        env.setdefault("NCCL_SOCKET_IFNAME", "lo")
+    env.setdefault("NCCL_SOCKET_IFNAME", env["GLOO_SOCKET_IFNAME"])
     if not torch.accelerator.is_available():
         env["OMP_NUM_THREADS"] = str((spec.get("titan") or {}).get("threads", 1))
     return env

@@ -23,9 +23,9 @@ restores that checkpoint).
 
 Local runs
 ----------
-With ``WORKBENCH_LOOPBACK_ONLY=1`` (the job's ``loopback_only``) the rank
-installs :mod:`.loopback` before torchtitan builds torchft's Manager and
-process group, so their servers and stores listen on 127.0.0.1 only.
+The rank installs :mod:`.loopback` with ``WORKBENCH_BIND_HOST`` (127.0.0.1
+on a local run, the node's address on Slurm) before torchtitan builds torchft's
+Manager and process group, so their servers and stores listen there only.
 
 Healing: three upstream problems, guarded here
 ----------------------------------------------
@@ -198,8 +198,11 @@ class TitanEvents:
             state = recv(src_rank, metadata, step, timeout)
             seconds = time.perf_counter() - t0
             model = _received_model(state)
-            hooks._heal = dict(seconds=seconds, bytes=state_bytes(state), from_address=metadata,
-                               from_rank=src_rank, step=step,
+            from .loopback import heal_fields
+
+            nbytes = state_bytes(state)
+            hooks._heal = dict(seconds=seconds, bytes=nbytes, from_address=metadata,
+                               from_rank=src_rank, step=step, **heal_fields(metadata, seconds, nbytes),
                                weights=weights_checksum(model) if model is not None else None)
             return state
 
@@ -312,10 +315,10 @@ def rank_main(argv: list[str]) -> None:
 
     if titan_cpu.needed():
         titan_cpu.apply()
-    if os.environ.get("WORKBENCH_LOOPBACK_ONLY") == "1":
+    if os.environ.get("WORKBENCH_BIND_HOST"):
         from . import loopback
 
-        loopback.install()
+        loopback.install(os.environ["WORKBENCH_BIND_HOST"])
     rank, world_size = int(os.environ.get("RANK", "0")), int(os.environ.get("WORLD_SIZE", "1"))
     writer = None
     if rank == 0 and os.environ.get("WORKBENCH_RUN_DIR"):

@@ -19,7 +19,6 @@ The model and the data are :mod:`.tiny_decoder`'s, shared with ddp-restart.
 from __future__ import annotations
 
 import os
-import socket
 import time
 
 from .base import JobContext
@@ -33,25 +32,24 @@ def run(ctx: JobContext) -> None:
     writer = ctx.writer()
     spare_id = ctx.spare_id
     role = "replica" if spare_id is None else "spare"
-    writer.emit("start", trainer="torchft-lite", role=role, world_size=1, **ctx.placement())
-    stop = StopRequest()
+    from . import loopback
 
-    if ctx.loopback_only:
-        os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
+    host = ctx.listen_host()
+    writer.emit("start", trainer="torchft-lite", role=role, world_size=1, address=host, **ctx.placement())
+    stop = StopRequest()
+    os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback.interface_of(host))
     import torch
 
     torch.set_num_threads(1)
     from datetime import timedelta
 
-    from torchft import DistributedDataParallel, Manager, Optimizer, ProcessGroupGloo
+    from torchft import DistributedDataParallel, Manager, Optimizer
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from . import loopback, quorum_epochs
+    from . import quorum_epochs
     from .torchft_logs import TorchftLogHandler
 
-    local = ctx.loopback_only
-    if local:
-        loopback.install()
+    loopback.install(host)
     tf = spec["torchft"]
     log_handler = TorchftLogHandler(writer).install() if tf.get("structured_logs", True) else None
     writer.emit("phase", phase="imports_done", seconds=time.time() - t_start)
@@ -68,14 +66,15 @@ def run(ctx: JobContext) -> None:
         """HTTPTransport that measures what a heal fetched, for the ``heal`` event."""
 
         def address(self) -> str:
-            return loopback.loopback_address(self) if local else super().address()
+            return loopback.loopback_address(self)
 
         def recv_checkpoint(self, src_rank, metadata, step, timeout):
             t0 = time.perf_counter()
             sd = super().recv_checkpoint(src_rank, metadata, step, timeout)
+            seconds, nbytes = time.perf_counter() - t0, state_bytes(sd)
             heal_stats.update(
-                seconds=time.perf_counter() - t0, bytes=state_bytes(sd), from_address=metadata,
-                src_rank=src_rank, step=step,
+                seconds=seconds, bytes=nbytes, from_address=metadata, src_rank=src_rank, step=step,
+                **loopback.heal_fields(metadata, seconds, nbytes),
             )
             return sd
 
@@ -89,12 +88,8 @@ def run(ctx: JobContext) -> None:
 
     timeout = timedelta(seconds=tf["timeout_s"])
     transport = InstrumentedTransport(timeout=timeout, num_chunks=0)
-    if local:
-        store = loopback.loopback_store()
-        pg = loopback.loopback_process_group_gloo()(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
-    else:
-        store = torch.distributed.TCPStore(socket.gethostname(), 0, is_master=True, wait_for_workers=False)
-        pg = ProcessGroupGloo(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
+    store = loopback.loopback_store()
+    pg = loopback.loopback_process_group_gloo()(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
     writer.emit(
         "phase", phase="model_ready", seconds=time.time() - t_start, checkpoint_address=transport.metadata()
     )
@@ -111,7 +106,8 @@ def run(ctx: JobContext) -> None:
         if log_handler is not None:
             log_handler.writer = writer
         t_assigned = time.time()
-        writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, from_spare=spare_id, **ctx.placement())
+        writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, from_spare=spare_id,
+                    address=host, **ctx.placement())
         writer.emit("phase", phase="imports_done", seconds=0.0, from_spare=spare_id)
         writer.emit("phase", phase="model_ready", seconds=time.time() - t_assigned, checkpoint_address=transport.metadata())
     manager = Manager(
@@ -120,9 +116,9 @@ def run(ctx: JobContext) -> None:
         load_state_dict=load_state_dict,
         state_dict=state_dict,
         replica_id=f"replica_{ctx.replica}",
-        store_addr="127.0.0.1" if local else socket.gethostname(),
+        store_addr=host,
         store_port=store.port,
-        hostname="127.0.0.1" if local else socket.gethostname(),
+        hostname=host,
         rank=0,
         world_size=1,
         lighthouse_addr=ctx.lighthouse_addr,

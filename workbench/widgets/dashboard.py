@@ -125,7 +125,7 @@ class Dashboard(w.VBox):
         self._build()
         self.update()
         super().__init__(
-            [self.header, self.progress, self.x_toggle, self.loss_box, self.tiles,
+            [self.header, self.progress, self.x_toggle, self.loss_box, self.tiles, self.node_panel,
              self.quorum_panel,
              w.HBox([self.checkpoint_panel, self.heal_panel]),
              *([self.controls] if self.faults else []), self.tail_panel],
@@ -170,6 +170,7 @@ class Dashboard(w.VBox):
 
 
         self.tiles = w.HTML().add_class("wb-tiles-panel")
+        self.node_panel = w.HTML().add_class("wb-nodes")
         self.quorum_panel = w.HTML().add_class("wb-quorum")
         self.checkpoint_panel = w.HTML(layout=w.Layout(width="50%")).add_class("wb-checkpoints")
         self.heal_panel = w.HTML(layout=w.Layout(width="50%")).add_class("wb-heals")
@@ -233,6 +234,7 @@ class Dashboard(w.VBox):
             self.progress.description = f"{done}/{planned}"
             self._set(self.header, _STYLE + self._header_html())
             self._set(self.tiles, self._tiles_html())
+            self._set(self.node_panel, self._nodes_html())
             self._set(self.quorum_panel, self._quorum_html())
             self._set(self.checkpoint_panel, self._checkpoints_html())
             self._set(self.heal_panel, self._heals_html())
@@ -294,6 +296,7 @@ class Dashboard(w.VBox):
                 + (";outline:3px solid #000" if t.diverged_at is not None else "") + "'>"
                 f"<b>replica {r}</b> · <span class='wb-tile-state'>{t.state}</span>"
                 + (f" · <b class='wb-diverged'>diverged at step {_fmt(t.diverged_at)}</b>" if t.diverged_at is not None else "")
+                + (f" · <b class='wb-impaired'>{_fmt(t.impaired['kind'])}</b>" if t.impaired else "")
                 + "<br>"
                 f"step {_fmt(t.step)} · attempt {t.attempt}"
                 + (f" · {t.steps_lost} steps redone" if t.steps_lost else "") + "<br>"
@@ -303,6 +306,19 @@ class Dashboard(w.VBox):
             )
         parts.append("</div>")
         return "".join(parts)
+
+    def _nodes_html(self) -> str:
+        rows = []
+        for n in self.state.node_rows():
+            state = n["state"] + (f" ({_fmt(n['fault'])})" if n["fault"] else "")
+            running = ", ".join(f"replica {_fmt(p['replica'])} task {_fmt(p['task'])}" for p in n["parts"]) or "–"
+            rows.append(f"<tr data-node='{_fmt(n['node'])}' data-state='{n['state']}'><td>{_fmt(n['node'])}</td>"
+                        f"<td>{_fmt(n['address'])}</td><td>{state}</td><td>{running}</td>"
+                        f"<td class='wb-health'>{html.escape(n['health_line'])}</td></tr>")
+        if not rows:
+            return ""
+        return ("<b>nodes</b><table class='wb-table'><tr><th>node</th><th>address</th><th>state</th>"
+                f"<th>running</th><th>health</th></tr>{''.join(rows)}</table>")
 
     def _quorum_html(self) -> str:
         s = self.state
@@ -352,11 +368,12 @@ class Dashboard(w.VBox):
     def _heals_html(self) -> str:
         rows = "".join(
             f"<tr><td>{_fmt(h['replica'])}</td><td>{_fmt(h['from'])}</td><td>{_fmt(h['step'])}</td>"
-            f"<td>{_fmt(h['seconds'], '.2f', ' s')}</td><td>{_bytes(h['bytes'])}</td></tr>"
+            f"<td>{_fmt(h['seconds'], '.2f', ' s')}</td><td>{_bytes(h['bytes'])}</td>"
+            f"<td>{_bytes(h['bytes_per_s'])}/s · {_fmt(h['served_from'])} via {_fmt(h['interface'])}</td></tr>"
             for h in self.state.heals[-5:][::-1]
-        ) or "<tr><td colspan=5>no peer heal yet</td></tr>"
+        ) or "<tr><td colspan=6>no peer heal yet</td></tr>"
         return ("<b>peer-heal transfers</b><table class='wb-table'><tr><th>replica</th><th>from</th><th>step</th>"
-                f"<th>time</th><th>bytes</th></tr>{rows}</table>")
+                f"<th>time</th><th>bytes</th><th>rate · route</th></tr>{rows}</table>")
 
     def _tail_html(self) -> str:
         lines = []

@@ -19,7 +19,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from .. import faultkinds
+from .. import faultkinds, nodehealth
 from ..runstate import REPLICA_STATES, ReplicaView, RunState
 
 Tile = ReplicaView
@@ -159,6 +159,12 @@ class DashboardState:
     def max_committed(self) -> int:
         return self.run.max_committed
 
+    def node_rows(self) -> list[dict]:
+        """The node view: per node its address, state (``down`` after a node fault) and the parts of
+        replica groups' current attempts on it; a group over two nodes shows on both."""
+        return [{**row, "health_line": nodehealth.tile_line(row.get("health"))}
+                for row in self.run.nodes.table(self.run.attempts())]
+
     # -- folding ---------------------------------------------------------------
     def apply(self, events: Iterable[dict]) -> int:
         """Fold new events in (the run state too, when this state owns it); returns how many."""
@@ -243,7 +249,8 @@ class DashboardState:
             source = e.get("from_address")
         self.heals.append(
             {"t": t, "replica": e.get("replica"), "from": source, "step": e.get("step"),
-             "seconds": e.get("seconds"), "bytes": e.get("bytes")}
+             "seconds": e.get("seconds"), "bytes": e.get("bytes"), "served_from": e.get("served_from"),
+             "interface": e.get("interface"), "bytes_per_s": e.get("bytes_per_s")}
         )
         self._pending_markers.append({"kind": "heal", "e": e, "label": f"replica {e.get('replica')} healed"
                                       + (f" from {source}" if source is not None else "")})

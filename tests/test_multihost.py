@@ -1,0 +1,290 @@
+"""A multi-host cluster on one machine: the dev Slurm's nodes in their own network namespaces.
+
+The fold's node tests run on events a real ``EventWriter`` wrote. The cluster
+tests bring the namespaced dev cluster up in a temporary state directory (and
+down, by PID, also on failure); the live test runs titan with two replica
+groups of two nodes each and checks every listener of its processes, then
+kills one group and follows its heal across the bridge on the veth counters.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import psutil
+import pytest
+
+from workbench import devcluster
+from workbench.devcluster import netns
+from workbench.events import EventReader, EventWriter
+from workbench.runstate import RunState
+
+from .conftest import REPO, local_slurm, workbench_cli
+
+TEST_NET = ipaddress.ip_network("198.18.0.0/15")
+NEEDS_CLUSTER = [
+    pytest.mark.slurm,
+    pytest.mark.skipif(
+        any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
+        reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
+    ),
+    pytest.mark.skipif(os.geteuid() != 0, reason="namespaces, veth and the bridge need root"),
+]
+
+
+def needs_cluster(test):
+    for mark in NEEDS_CLUSTER:
+        test = mark(test)
+    return test
+
+
+# -- the fold: nodes first-class ------------------------------------------------
+def _fold(tmp_path, writes) -> RunState:
+    for name, replica, attempt, kind, fields in writes:
+        w = EventWriter(tmp_path, name, run="r", replica=replica, attempt=attempt)
+        w.emit(kind, **fields)
+        w.close()
+    state = RunState(3)
+    state.apply(EventReader(tmp_path).poll())
+    return state
+
+
+def test_node_down_takes_every_group_with_a_part_on_that_node(tmp_path):
+    """Group 0 spans n1+n2, group 1 is on n2, group 2 on n3: n2 DOWN (aimed at group 1) ends 0 and 1."""
+    starts = [
+        ("replica-0.attempt-0", 0, 0, "start", {"role": "replica", "task": 0, "node": "n1", "address": "198.18.0.11"}),
+        ("replica-0.attempt-0.task-1", 0, 0, "start", {"role": "task", "task": 1, "node": "n2",
+                                                       "address": "198.18.0.12"}),
+        ("replica-1.attempt-0", 1, 0, "start", {"role": "replica", "node": "n2", "address": "198.18.0.12"}),
+        ("replica-2.attempt-0", 2, 0, "start", {"role": "replica", "node": "n3", "address": "198.18.0.13"}),
+    ]
+    state = _fold(tmp_path, starts)
+    assert [(p.node, p.address) for p in state.nodes.placement(0, 0)] == [("n1", "198.18.0.11"), ("n2", "198.18.0.12")]
+    w = EventWriter(tmp_path, "control-1", run="r")
+    w.emit("fault", action="node_down", target=1, node="n2", replica_hit=1)
+    w.close()
+    state = _fold(tmp_path, [])
+    assert {r: v.state for r, v in state.replicas.items()} == {0: "dead", 1: "dead", 2: "starting"}
+    rows = {row["node"]: row for row in state.nodes.table(state.attempts())}
+    assert rows["n2"]["state"] == "down" and rows["n2"]["fault"] == "node_down"
+    assert [(p["replica"], p["task"]) for p in rows["n2"]["parts"]] == [(0, 1), (1, 0)]
+    assert rows["n1"]["state"] == "up" and rows["n3"]["address"] == "198.18.0.13"
+
+    # Its undo brings n2 back; group 0's next attempt on n1+n4 is no longer on n2.
+    w = EventWriter(tmp_path, "undo-1", run="r")
+    w.emit("fault", action="resume", resumed="node_down", target="n2", node="n2")
+    w.close()
+    _fold(tmp_path, [
+        ("replica-0.attempt-1", 0, 1, "start", {"role": "replica", "task": 0, "node": "n1"}),
+        ("replica-0.attempt-1.task-1", 0, 1, "start", {"role": "task", "task": 1, "node": "n4"}),
+    ])
+    state = _fold(tmp_path, [])
+    assert state.replicas[0].state == "starting" and state.replicas[0].attempt == 1
+    assert state.nodes.groups_on("n2", state.attempts()) == [1]
+    assert state.nodes.nodes["n2"].state == "up"
+    # a task>0 start is placement only: the group's process is still task 0's
+    assert state.replicas[0].node == "n1"
+
+
+def test_dashboard_node_view_shows_a_two_node_group_on_both_nodes(tmp_path):
+    from workbench.widgets.state import DashboardState
+
+    state = DashboardState(2, 10)
+    w0 = EventWriter(tmp_path, "replica-0.attempt-0", run="r", replica=0, attempt=0)
+    w0.emit("start", role="replica", task=0, node="n1", address="198.18.0.11", pid=11)
+    w1 = EventWriter(tmp_path, "replica-0.attempt-0.task-1", run="r", replica=0, attempt=0)
+    w1.emit("start", role="task", task=1, node="n2", address="198.18.0.12", pid=12)
+    for w in (w0, w1):
+        w.close()
+    state.apply(EventReader(tmp_path).poll())
+    rows = state.node_rows()
+    assert [(r["node"], r["address"], [p["pid"] for p in r["parts"]]) for r in rows] == [
+        ("n1", "198.18.0.11", [11]), ("n2", "198.18.0.12", [12])]
+
+
+def test_a_heal_records_the_route_it_took():
+    """The ``heal`` fields: source address, this side's address and interface, bytes/s (torchft issue 329)."""
+    from workbench.trainers.loopback import heal_fields
+
+    got = heal_fields("http://127.0.0.1:4321/checkpoint/", 2.0, 5_000_000)
+    assert got == {"served_from": "127.0.0.1", "local_address": "127.0.0.1", "interface": "lo",
+                   "bytes_per_s": 2_500_000.0}
+
+
+# -- the namespaced cluster -----------------------------------------------------
+def _ours() -> dict:
+    return netns.ours()
+
+
+@needs_cluster
+def test_down_removes_what_a_crashed_up_left(tmp_path):
+    """What a crashed ``up`` leaves (a namespace, the bridge, a veth, a qdisc) goes with ``cluster down``."""
+    subprocess.run(["ip", "netns", "add", netns.namespace("n2")], check=True)
+    subprocess.run(["ip", "link", "add", netns.BRIDGE, "type", "bridge"], check=True)
+    subprocess.run(["ip", "link", "add", netns.host_link("n9"), "type", "veth", "peer", "name",
+                    netns.node_link("n9")], check=True)
+    subprocess.run(["tc", "qdisc", "add", "dev", netns.host_link("n9"), "root", "tbf", "rate", "1mbit",
+                    "burst", "32kbit", "latency", "400ms"], check=True)
+    try:
+        assert netns.namespace("n2") in _ours()["netns"]
+        result = workbench_cli("cluster", "down", "--dir", str(tmp_path / "never-up"))
+        assert result.returncode == 0, result.stderr
+        assert _ours() == {"netns": [], "links": []}
+    finally:
+        netns.remove_all()
+
+
+def test_where_namespaces_cannot_be_made_up_says_so_in_one_line_and_nodes_are_logical():
+    """An unprivileged process cannot make a namespace: the probe says why, ``up`` would fall back."""
+    if os.geteuid() != 0:
+        pytest.skip("setpriv to another user needs root")
+    code = ("from workbench.devcluster.lifecycle import _network\n"
+            "import json; lines = []\n"
+            "net = _network(True, lines.append)\n"
+            "print(json.dumps({'net': net, 'lines': lines}))")
+    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+                         capture_output=True, text=True, timeout=60, cwd=REPO,
+                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert out.returncode == 0, out.stderr
+    got = json.loads(out.stdout)
+    assert got["net"]["mode"] == "logical" and set(got["net"]["nodes"].values()) == {"127.0.0.1"}
+    assert len(got["lines"]) == 1 and "no network namespaces" in got["lines"][0] and "\n" not in got["lines"][0]
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    with local_slurm(tmp_path_factory.mktemp("slurm")) as info:
+        yield info
+
+
+@needs_cluster
+def test_up_puts_each_node_in_its_own_namespace(cluster):
+    if cluster["network"]["mode"] != "netns":
+        pytest.fail(f"namespaces not made: {cluster['network']}")
+    result = workbench_cli("cluster", "status", "--json", "--dir", cluster["state_dir"])
+    assert result.returncode == 0, result.stderr
+    status = json.loads(result.stdout)
+    nodes = status["network"]["nodes"]
+    assert sorted(nodes) == sorted(devcluster.NODES)
+    addresses = [n["address"] for n in nodes.values()]
+    assert len(set(addresses)) == len(addresses)
+    head = status["network"]["head"]
+    for name, node in nodes.items():
+        assert ipaddress.ip_address(node["address"]) in TEST_NET and node["state"] == "idle", node
+        ns = node["netns"]
+        # slurmd runs in the node's network namespace, so every job step there does too
+        slurmd = psutil.Process(status["daemons"][f"slurmd-{name}"]["pid"])
+        assert os.stat(f"/proc/{slurmd.pid}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
+        routes = subprocess.run(["ip", "-n", ns, "route", "show"], capture_output=True, text=True).stdout
+        assert "default" not in routes and routes.strip(), routes  # no route off the machine
+        for host, port, proc in netns.listeners(name):
+            assert host in ("0.0.0.0", node["address"], "127.0.0.1"), (name, host, port, proc)
+    assert ipaddress.ip_address(head) in TEST_NET
+    # a job step on n2 is in n2's namespace: it has n2's address and reaches the head
+    conf = cluster["slurm_conf"]
+    out = subprocess.run(["srun", "-w", "n2", "-A", cluster["account"], sys.executable, "-c",
+                          "import psutil, socket; s = socket.create_connection(('%s', %d), 5); "
+                          "print(s.getsockname()[0])" % (head, cluster["ports"]["slurmctld"])],
+                         capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CONF": conf})
+    assert out.stdout.strip() == nodes["n2"]["address"], out.stderr
+
+
+@needs_cluster
+def test_node_address_is_slurms_nodeaddr(cluster, monkeypatch):
+    from workbench.cluster.slurm_client import node_address
+
+    monkeypatch.setenv("SLURM_CONF", cluster["slurm_conf"])
+    assert node_address("n3") == cluster["network"]["nodes"]["n3"]
+    with pytest.raises(LookupError, match="nx"):
+        node_address("nx")
+
+
+# -- titan over two nodes per group ----------------------------------------------
+def _participating(run, replica: int, attempt: int, n: int = 1):
+    def check(r) -> bool:
+        return sum(1 for e in r._events if e["kind"] == "step" and e.get("replica") == replica
+                   and e.get("attempt") == attempt and e.get("committed") and e.get("participating")) >= n
+    return check
+
+
+def _run_listeners(run, nodes: dict) -> list[tuple[str, str, int, str]]:
+    """(node, address, port, process) of every TCP listener of this run's processes, in every node's namespace."""
+    pids = set(run.pids())
+    for pid in list(pids):
+        try:
+            pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    found = []
+    for name in nodes:
+        for host, port, proc in netns.listeners(name):
+            if any(f"pid={pid}," in proc for pid in pids):
+                found.append((name, host, port, proc))
+    return found
+
+
+@needs_cluster
+@pytest.mark.titan
+@pytest.mark.slow
+def test_titan_groups_over_two_nodes_bind_node_addresses_and_heal_across_the_bridge(cluster, start_run):
+    """Two titan groups of one rank on each of two nodes (4 nodes in all, 4 CPUs a task keeps them apart).
+
+    Every listener of the run's processes is on its node's address or loopback;
+    the lighthouse on the head's. Group 0 is killed on both nodes, comes back on
+    two nodes and heals from group 1 over the bridge: its ``heal`` names a
+    peer node's address and the namespace's interface, and that node's link
+    counted at least the heal's bytes going out. Then ``node_down`` under group
+    1 ends both of its tasks (the one on the other node too).
+    """
+    pytest.importorskip("torchtitan")
+    nodes = cluster["network"]["nodes"]
+    run = start_run("titan-cpu", {
+        "cluster": "slurm", "steps": 100000, "faults": [], "slurm.nodes": 2, "slurm.cpus_per_task": 4,
+        "titan.overrides": {"training.seq_len": 64},
+    })
+    for r in (0, 1):
+        run.wait_for(_participating(run, r, 0, 2), timeout=300)
+    state = run.run_state
+    placement = {r: [(p.node, p.address) for p in state.nodes.placement(r, 0)] for r in (0, 1)}
+    assert all(len(p) == 2 and len({n for n, _ in p}) == 2 for p in placement.values()), placement
+    assert not {n for n, _ in placement[0]} & {n for n, _ in placement[1]}, placement
+    assert all(addr == nodes[n] for p in placement.values() for n, addr in p), placement
+
+    listeners = _run_listeners(run, nodes)
+    assert len(listeners) >= 4, listeners  # store, Manager, checkpoint server, process-group stores
+    bad = [lst for lst in listeners if lst[1] not in (nodes[lst[0]], "127.0.0.1")]
+    assert not bad, f"listeners on a wildcard or another address: {bad}"
+    lighthouse = run.run_state.lighthouse
+    head = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout.splitlines()
+    lh = [h for h in netns.parse_ss(head) if f"pid={lighthouse.pid}," in h[2]]
+    assert lh and all(h[0] == cluster["network"]["head"] for h in lh), lh
+
+    before = {n: netns.link_bytes(n) for n in nodes}
+    fault = run.kill(0)
+    run.wait_for(_participating(run, 0, 1, 1), timeout=300)
+    after = {n: netns.link_bytes(n) for n in nodes}
+    heal = next(e for e in run._events if e["kind"] == "heal" and e.get("replica") == 0 and e.get("attempt") == 1)
+    source = next(n for n, a in nodes.items() if a == heal["served_from"])
+    assert source in {n for n, _ in placement[1]}, (heal, placement)
+    assert heal["interface"] == netns.node_link(run.run_state.nodes.placement(0, 1)[0].node), heal
+    sent = after[source]["sent"] - before[source]["sent"]
+    assert heal["bytes"] > 1_000_000 and sent >= heal["bytes"], (heal["bytes"], sent)
+    assert heal["bytes_per_s"] > 0
+    rejoin = min(e["t"] for e in run._events if e["kind"] == "step" and e.get("replica") == 0
+                 and e.get("attempt") == 1 and e.get("committed") and e.get("participating")) - fault["t"]
+    print(f"\n2-node titan group: kill -> participating {rejoin:.1f} s; heal {heal['bytes'] / 1e6:.1f} MB "
+          f"from {heal['served_from']} via {heal['interface']} at {heal['bytes_per_s'] / 1e6:.1f} MB/s; "
+          f"{source}'s link sent {sent / 1e6:.1f} MB meanwhile")
+
+    task_pids = [p.pid for p in run.run_state.nodes.placement(1, 0)]
+    procs = [psutil.Process(pid) for pid in task_pids]
+    run.kill(1, how="node_down", seconds=5)
+    run.refresh()
+    assert run.run_state.replicas[1].state == "dead"
+    gone, alive = psutil.wait_procs(procs, timeout=60)
+    assert not alive, f"node_down left parts of group 1 running: {alive}"
