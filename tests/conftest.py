@@ -101,3 +101,46 @@ def local_slurm(state_dir: Path):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     if proc.status() != psutil.STATUS_ZOMBIE:
                         proc.kill()
+
+
+def slurm_prerequisites() -> list:
+    """The marks of a module that runs on the local Slurm: Debian's slurm-wlm installed, and root (the dev
+    cluster's slurmd runs jobs as root)."""
+    import shutil
+
+    from workbench import devcluster
+
+    return [
+        pytest.mark.skipif(
+            any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
+            reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
+        ),
+        pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root"),
+    ]
+
+
+def slurm_submitter(slurm_conf: str, config: str, stop_timeout: float):
+    """A generator for a fixture: yields ``submit(overrides)`` (``wb.submit(config, overrides)``), then stops
+    each run and removes what it left, by PID and job id, also on failure."""
+    import workbench as wb
+    from workbench.cluster import slurm
+
+    runs = []
+
+    def _submit(overrides):
+        run = wb.submit(config, overrides)
+        runs.append(run)
+        return run
+
+    yield _submit
+    for run in runs:
+        try:
+            run.stop(timeout=stop_timeout)
+        finally:
+            kill_pids(run.pids())
+            job_ids = [str(e["job_id"]) for e in run._events if e["kind"] == "submit"]
+            if job_ids:
+                slurm.slurm_cmd(slurm_conf, "scancel", *job_ids)
+            if run._controller is not None and run._controller.poll() is None:
+                run._controller.kill()
+                run._controller.wait()

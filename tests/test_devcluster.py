@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import stat
 import subprocess
 import time
@@ -20,15 +19,11 @@ import pytest
 
 from workbench import devcluster
 
-from .conftest import local_slurm, workbench_cli
+from .conftest import local_slurm, slurm_prerequisites, workbench_cli
 
 pytestmark = [
     pytest.mark.slurm,
-    pytest.mark.skipif(
-        any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
-        reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root"),
+    *slurm_prerequisites(),
 ]
 
 

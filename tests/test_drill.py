@@ -8,24 +8,17 @@ checked against what the probes themselves recorded in the drill directory.
 from __future__ import annotations
 
 import json
-import os
-import shutil
 
 import pytest
 
-from workbench import devcluster
 from workbench.drill import drill
 
-from .conftest import local_slurm
+from .conftest import local_slurm, slurm_prerequisites
 
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
-        reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root"),
+    *slurm_prerequisites(),
 ]
 
 

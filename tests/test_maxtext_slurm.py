@@ -12,21 +12,18 @@ from __future__ import annotations
 
 import ipaddress
 import json
-import os
-import shutil
 import time
 from pathlib import Path
 
 import psutil
 import pytest
 
-from workbench import devcluster
 from workbench.cluster import slurm, slurm_client
 from workbench.spec import SpecError
 from workbench.trainers import maxtext_command
 from workbench.trainers.maxtext_output import durable_checkpoints
 
-from .conftest import kill_pids, local_slurm
+from .conftest import local_slurm, slurm_prerequisites, slurm_submitter
 
 pytestmark = [
     pytest.mark.maxtext,
@@ -36,11 +33,7 @@ pytestmark = [
         not maxtext_command.maxtext_python().exists(),
         reason=f"MaxText's environment {maxtext_command.maxtext_python()} is missing: run scripts/setup-maxtext.sh",
     ),
-    pytest.mark.skipif(
-        any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
-        reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root"),
+    *slurm_prerequisites(),
 ]
 
 TWO_NODES = ["cluster=slurm", "slurm.nodes=2", "steps=100000", "max_restarts=2"]
@@ -55,27 +48,8 @@ def cluster(tmp_path_factory):
 
 @pytest.fixture
 def submit(cluster, run_root):
-    import workbench as wb
-
-    runs = []
-
-    def _submit(overrides):
-        run = wb.submit("maxtext-cpu-tiny", overrides)
-        runs.append(run)
-        return run
-
-    yield _submit
-    for run in runs:
-        try:
-            run.stop(timeout=60)
-        finally:
-            kill_pids(run.pids())
-            job_ids = [str(e["job_id"]) for e in run._events if e["kind"] == "submit"]
-            if job_ids:
-                slurm.slurm_cmd(cluster["slurm_conf"], "scancel", *job_ids)
-            if run._controller is not None and run._controller.poll() is None:
-                run._controller.kill()
-                run._controller.wait()
+    """``wb.submit`` for this module's cluster; stops each run and removes what it left, by PID and job id."""
+    yield from slurm_submitter(cluster["slurm_conf"], "maxtext-cpu-tiny", stop_timeout=60)
 
 
 def of_attempt(run, kind: str, attempt: int) -> list[dict]:

@@ -10,28 +10,21 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 
-import psutil
 import pytest
 
 from workbench import analysis
-from workbench import devcluster
 from workbench.cluster import slurm
 from workbench.spec import SpecError
 
-from .conftest import REPO, kill_pids, local_slurm
+from .conftest import REPO, local_slurm, slurm_prerequisites, slurm_submitter
 
 pytestmark = [
     pytest.mark.slurm,
     pytest.mark.slow,
-    pytest.mark.skipif(
-        any(shutil.which(p) is None and not os.path.exists(f"/usr/sbin/{p}") for p in devcluster.REQUIRED_PROGRAMS),
-        reason=f"Slurm is not installed; {devcluster.INSTALL_HINT}",
-    ),
-    pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root"),
+    *slurm_prerequisites(),
 ]
 
 # Slow enough that a kill lands mid-run; small enough for 2 shared cores.
@@ -47,27 +40,7 @@ def cluster(tmp_path_factory):
 @pytest.fixture
 def submit(cluster, run_root):
     """``wb.submit`` for this module's cluster; stops each run and removes what it left, by PID and job id."""
-    import workbench as wb
-
-    runs = []
-
-    def _submit(overrides):
-        run = wb.submit("demo", overrides)
-        runs.append(run)
-        return run
-
-    yield _submit
-    for run in runs:
-        try:
-            run.stop(timeout=30)
-        finally:
-            kill_pids(run.pids())
-            job_ids = [str(e["job_id"]) for e in run._events if e["kind"] == "submit"]
-            if job_ids:
-                slurm.slurm_cmd(cluster["slurm_conf"], "scancel", *job_ids)
-            if run._controller is not None and run._controller.poll() is None:
-                run._controller.kill()
-                run._controller.wait()
+    yield from slurm_submitter(cluster["slurm_conf"], "demo", stop_timeout=30)
 
 
 def queued(conf: str) -> list[str]:
