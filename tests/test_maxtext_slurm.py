@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import os
 import time
 from pathlib import Path
 
@@ -19,6 +20,7 @@ import psutil
 import pytest
 
 from workbench.cluster import slurm, slurm_client
+from workbench.devcluster import netns
 from workbench.spec import SpecError
 from workbench.trainers import maxtext_command
 from workbench.trainers.maxtext_output import durable_checkpoints
@@ -89,6 +91,17 @@ def _ip(text: str) -> str:
     return str(getattr(addr, "ipv4_mapped", None) or addr)
 
 
+def job_listeners(procs: list[psutil.Process], nodes: list[str]) -> set[tuple[str, int]]:
+    """(address, port) of every TCP listener of ``procs``. On namespaced nodes read inside each node's
+    namespace (``ss`` there): psutil matches sockets only against this process's own namespace's tables."""
+    pids = {p.pid for p in procs}
+    if all(os.path.exists(f"/run/netns/{netns.namespace(n)}") for n in nodes):
+        return {(_ip(host), port) for n in nodes for host, port, proc in netns.listeners(n)
+                if any(f"pid={pid}," in proc for pid in pids)}
+    return {(_ip(c.laddr.ip), c.laddr.port) for p in procs
+            for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+
+
 def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, cluster):
     run = submit(TWO_NODES)
     run.wait_for(lambda r: any(e["step"] >= 25 for e in of_attempt(r, "step", 0)), timeout=START_TIMEOUT_S)
@@ -107,8 +120,8 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     assert max(rank1_steps) >= 20
     # Every listener of the job's processes (JAX's coordinator, gloo) on its node's address, none on a wildcard.
     allowed = {slurm_client.node_address(n) for n in start0["nodes"]}
-    listeners = {(_ip(c.laddr.ip), c.laddr.port) for rank in (0, 1) for p in task_processes(str(start0["job_id"]), rank)
-                 for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+    procs = [p for rank in (0, 1) for p in task_processes(str(start0["job_id"]), rank)]
+    listeners = job_listeners(procs, start0["nodes"])
     assert (coordinator.rsplit(":", 1)[0], maxtext_command.COORDINATOR_PORT) in listeners
     assert len(listeners) >= 3 and {ip for ip, _ in listeners} <= allowed, listeners  # coordinator + gloo per rank
 
