@@ -10,19 +10,6 @@ if command -v prometheus >/dev/null 2>&1 || [ -x /usr/bin/prometheus ]; then
 fi
 echo "install-prometheus: installing Debian's prometheus"
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-export DEBIAN_FRONTEND=noninteractive
-# policy-rc.d exit 101 keeps the package's maintainer scripts from starting the system service.
-policy=/usr/sbin/policy-rc.d
-created_policy=0
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
-    $sudo chmod 755 "$policy"
-    created_policy=1
-fi
-trap 'if [ $created_policy -eq 1 ]; then $sudo rm -f "$policy"; fi' EXIT
-
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends prometheus >/dev/null
+. "$(dirname "$0")/apt-no-services.sh"
+apt_install_no_services prometheus
 echo "install-prometheus: done"

@@ -16,20 +16,6 @@ if [ ${#missing[@]} -eq 0 ]; then
 fi
 echo "install-slurm: missing ${missing[*]}; installing"
 
-sudo=""
-[ "$(id -u)" -eq 0 ] || sudo="sudo"
-export DEBIAN_FRONTEND=noninteractive
-# policy-rc.d exit 101 keeps the packages' maintainer scripts from starting system services.
-policy=/usr/sbin/policy-rc.d
-created_policy=0
-if [ ! -e "$policy" ]; then
-    printf '#!/bin/sh\nexit 101\n' | $sudo tee "$policy" >/dev/null
-    $sudo chmod 755 "$policy"
-    created_policy=1
-fi
-trap 'if [ $created_policy -eq 1 ]; then $sudo rm -f "$policy"; fi' EXIT
-
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq --no-install-recommends \
-    slurm-wlm slurmdbd slurm-client munge mariadb-server mariadb-client >/dev/null
+. "$(dirname "$0")/apt-no-services.sh"
+apt_install_no_services slurm-wlm slurmdbd slurm-client munge mariadb-server mariadb-client
 echo "install-slurm: done"
