@@ -56,6 +56,7 @@ def log(tmp_path):
                       quorum_id=3)
     marks["end"] = ctl.emit("run_end", state="stopped", reason="stop", steps=5)["t"]
     events = EventReader(run_dir).poll()
+    marks["run_dir"] = run_dir
     return spec, events, marks
 
 
@@ -146,3 +147,68 @@ def test_live_timeline_follows_the_fold_batch_by_batch(log):
     assert STATE_COLORS["dead"] != STATE_COLORS["participating"]
     run.apply(events[cut + 1:])
     assert tl.transitions[3][-1][1:] == ("participating", 1)
+
+
+def cell_states(html_text):
+    import re
+
+    return {int(r): (s, int(a)) for r, s, a in
+            re.findall(r"class='wb-cell' data-replica='(\d+)' data-state='(\w+)' data-attempt='(\d+)'", html_text)}
+
+
+def test_dashboard_at_16_groups_shows_the_grid_and_replays_it_once_ended(log):
+    from workbench.widgets import Dashboard
+
+    spec, events, m = log
+    d = Dashboard(m["run_dir"], start=False)
+    try:
+        grid = cell_states(d.tiles.value)
+        assert len(grid) == GROUPS and "wb-tile'" not in d.tiles.value
+        assert grid[7] == ("dead", 0) and grid[3] == ("participating", 1)
+        assert d.scrub_box.layout.display == "flex"  # the run has ended: the scrubber is offered
+        snap = d.scrub(m["freeze5"] - d.replay.start)
+        grid = cell_states(d.tiles.value)
+        assert grid[3] == ("dead", 0) and grid[5] == ("hung", 0) and grid[0] == ("participating", 0)
+        assert len(snap.faults) == 3
+        fig = d.clock.to_dict()["data"]
+        assert list(fig[1]["text"]) == [f.label for f in snap.faults]  # every fault so far is marked
+        assert list(fig[3]["y"])[-1] == 2  # dead groups at that time
+        d.scrub(m["end"] - d.replay.start)
+        assert cell_states(d.tiles.value)[3] == ("participating", 1)
+        assert "data-peak='2'" in d.backlog_panel.value
+    finally:
+        d.stop()
+
+
+def test_sync_events_are_loss_plot_markers_once_per_sync(tmp_path):
+    from workbench.widgets import DashboardState
+
+    run_dir = rundir.create(tmp_path, "20250101-000000-s-abcdef", {"replicas": 2})
+    ws = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="t", replica=r, attempt=0) for r in range(2)]
+    for w in ws:
+        w.emit("start", role="replica")
+        w.emit("step", step=10, loss=2.0, committed=True, participating=True)
+    for w in ws:
+        w.emit("sync", step=10, sync_index=1, algorithm="diloco", fragment=None, bytes=2_000_000, seconds=0.5,
+               participants=2, quorum_id=4, committed=True)
+    state = DashboardState(2, 100)
+    state.apply(EventReader(run_dir).poll())
+    syncs = state.marker_arrays("sync")
+    assert list(syncs["step"]) == [10.0] and list(syncs["loss"]) == [2.0]
+    assert "sync 1 (diloco): 2 groups, 2.0 MB in 0.50 s" == syncs["label"][0]
+
+
+def test_a_queue_that_grows_is_reported_as_not_absorbed(tmp_path):
+    run_dir = rundir.create(tmp_path, "20250101-000000-q-abcdef", {"replicas": 8})
+    control = EventWriter(run_dir, "control-1", run="t")
+    ws = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="t", replica=r, attempt=0) for r in range(8)]
+    for w in ws:
+        w.emit("start", role="replica")
+    for r in range(6):  # kills and no relaunch: the queue only grows
+        for w in ws[r:]:
+            w.emit("step", step=r + 1, committed=True, participating=True)
+        control.emit("fault", action="kill", target=r, pid=1, origin="schedule")
+    ws[7].emit("step", step=7, committed=True, participating=True)
+    replay = Replay(EventReader(run_dir).poll(), 8)
+    b = replay.timeline.backlog()
+    assert b["peak"] == 6 and b["at_end"] == 6 and b["kept_up"] is False

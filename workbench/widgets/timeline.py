@@ -206,8 +206,9 @@ class Timeline:
         return [m for m in self.marks if m.kind == kind and (until is None or m.t <= until)]
 
     def backlog(self) -> dict:
-        """Whether relaunch and spares kept up: the queue's peak, its time-weighted mean, and the
-        dead groups at the end (a queue still growing at the end is a fault rate not absorbed)."""
+        """Whether relaunch and spares kept up: the queue's peak, its time-weighted mean, the dead
+        groups now, and ``kept_up`` false when the queue's mean over the second half of the run is
+        more than one group above the first half's (it grows: a fault rate not absorbed)."""
         q = self.queue
         if not q:
             return {"peak": 0, "mean": 0.0, "at_end": 0, "kept_up": True}
@@ -215,13 +216,10 @@ class Timeline:
         dead = np.array([x[1] for x in q], dtype=np.float64)
         span = ts[-1] - ts[0]
         mean = float((dead * np.diff(ts)).sum() / span) if span > 0 else float(dead[-1])
-        ended = self.run.run_end is not None
-        at_end = int(q[-1][1])
         half = ts[0] + span / 2
-        first, second = dead[ts[:-1] < half], dead[ts[:-1] >= half]
-        growing = bool(len(first) and len(second) and second.mean() > first.mean() + 1)
-        return {"peak": int(dead.max()), "mean": mean, "at_end": at_end,
-                "kept_up": not growing and (ended or at_end <= max(1, int(dead.max())))}
+        first, second = _weighted(dead, ts, ts[0], half), _weighted(dead, ts, half, ts[-1])
+        return {"peak": int(dead.max()), "mean": mean, "at_end": int(q[-1][1]),
+                "kept_up": not (second > first + 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -279,6 +277,13 @@ def useful_rate(events: Iterable[dict], samples_per_step: int, window_s: Optiona
     n = int((ts <= end).sum())
     seconds = float(end - ts[0])
     return {"samples": n * samples_per_step, "seconds": seconds, "rate": n * samples_per_step / seconds}
+
+
+def _weighted(values: np.ndarray, ts: np.ndarray, a: float, b: float) -> float:
+    """The time-weighted mean of a step function (``values[i]`` from ``ts[i]`` to ``ts[i+1]``) on [a, b]."""
+    lo, hi = np.clip(ts[:-1], a, b), np.clip(ts[1:], a, b)
+    w = hi - lo
+    return float((values * w).sum() / w.sum()) if w.sum() > 0 else 0.0
 
 
 def _t(e: dict) -> Optional[float]:
