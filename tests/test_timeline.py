@@ -202,13 +202,15 @@ def test_a_queue_that_grows_is_reported_as_not_absorbed(tmp_path):
     run_dir = rundir.create(tmp_path, "20250101-000000-q-abcdef", {"replicas": 8})
     control = EventWriter(run_dir, "control-1", run="t")
     ws = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="t", replica=r, attempt=0) for r in range(8)]
+    t = 1000.0  # times given: one event a second, so the queue's time weights are the test's own
     for w in ws:
-        w.emit("start", role="replica")
-    for r in range(6):  # kills and no relaunch: the queue only grows
-        for w in ws[r:]:
-            w.emit("step", step=r + 1, committed=True, participating=True)
-        control.emit("fault", action="kill", target=r, pid=1, origin="schedule")
-    ws[7].emit("step", step=7, committed=True, participating=True)
+        w.emit("start", role="replica", t=t)
+    for r in range(6):  # a kill every 10 s and no relaunch: the queue only grows
+        for i, w in enumerate(ws[r:]):
+            w.emit("step", step=r + 1, committed=True, participating=True, t=t + 10 * r + i * 0.5)
+        control.emit("fault", action="kill", target=r, pid=1, origin="schedule", t=t + 10 * r + 5)
+    ws[7].emit("step", step=7, committed=True, participating=True, t=t + 65)
     replay = Replay(EventReader(run_dir).poll(), 8)
     b = replay.timeline.backlog()
     assert b["peak"] == 6 and b["at_end"] == 6 and b["kept_up"] is False
+    assert b["mean"] == pytest.approx((10 * (1 + 2 + 3 + 4 + 5) + 10 * 6) / 65)  # 0 dead for 5 s, then 1..6 for 10 s each
