@@ -26,7 +26,6 @@ import time
 from pathlib import Path
 from typing import Optional
 
-import numpy as np
 import psutil
 
 import workbench as wb
@@ -94,7 +93,7 @@ def run_window(spec: Spec, window_s: float, root: Path, log=print, startup_timeo
     finally:
         _stop(run)
     events = run.event_records()
-    log(f"  {spec.replicas} groups, chaos {'on' if spec.faults else 'off'}: "
+    log(f"  {spec.replicas} groups, chaos {'on' if spec.chaos is not None or spec.faults else 'off'}: "
         f"{sum(1 for e in events if e['kind'] == 'step')} step events, "
         f"{sum(1 for e in events if e['kind'] == 'fault' and e.get('action') != 'resume')} faults, "
         f"{time.time() - t_submit:.0f} s wall" + (f", ERROR {error}" if error else ""))
@@ -196,6 +195,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
     ap.add_argument("--scale", default=None, help="comma-separated group counts: measure memory/CPU/step time instead")
     ap.add_argument("--scale-window", type=float, default=40.0)
+    ap.add_argument("--half", choices=("chaos", "fault-free"), default=None,
+                    help="run only one half (write it with --json); --retained combines two halves' files")
+    ap.add_argument("--retained", nargs=2, metavar=("CHAOS_JSON", "FAULT_FREE_JSON"), default=None)
     ap.add_argument("--render-only", action="store_true")
     ap.add_argument("--render-groups", type=int, default=32)
     ap.add_argument("--render-history", type=int, default=600, help="steps per group already in the log")
@@ -215,10 +217,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(json.dumps({k: s[k] for k in ("groups", "useful_samples_per_s", "step_time_s_median",
                                                      "memory", "loadavg_at_start")}, default=str))
                 results["scale"].append(s)
+        elif args.half:
+            window = args.minutes * 60
+            spec = classroom_spec(overrides if args.half == "chaos" else {**overrides, "chaos": None})
+            results[args.half.replace("-", "_")] = summarize(run_window(spec, window, root))
+            print(json.dumps(results[args.half.replace("-", "_")], default=str))
         elif not args.render_only:
             window = args.minutes * 60
-            chaos = summarize(run_window(classroom_spec(overrides), window, root))
-            clean = summarize(run_window(classroom_spec({**overrides, "chaos": None}), window, root))
+            if args.retained:
+                chaos, clean = (json.loads(Path(f).read_text())[k] for f, k in zip(args.retained, ("chaos", "fault_free")))
+                window = chaos["window_s"]
+            else:
+                chaos = summarize(run_window(classroom_spec(overrides), window, root))
+                clean = summarize(run_window(classroom_spec({**overrides, "chaos": None}), window, root))
             retained = (chaos["useful_samples_per_s"] / clean["useful_samples_per_s"]
                         if chaos["useful_samples_per_s"] and clean["useful_samples_per_s"] else None)
             results.update(chaos=chaos, fault_free=clean, throughput_retained=retained)
@@ -228,11 +239,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                   f"final loss {chaos['final_loss_median']:.4f} (fault-free {clean['final_loss_median']:.4f}); "
                   f"dead-group queue peak {chaos['backlog']['peak']}, mean {chaos['backlog']['mean']:.2f}, "
                   f"kept up: {chaos['backlog']['kept_up']}")
-        r = render_time(root, args.render_groups, args.render_history)
-        results["render"] = r
-        print(f"dashboard update at {r['groups']} groups: median {r['update_s_median'] * 1000:.0f} ms "
-              f"(max {r['update_s_max'] * 1000:.0f} ms; grid + wall-clock plots {r['grid_and_clock_s_median'] * 1000:.0f} ms), "
-              f"{r['points_per_group']} points per group, load {r['loadavg'][0]:.2f}")
+        if args.half:
+            r = None
+        else:
+            r = render_time(root, args.render_groups, args.render_history)
+            results["render"] = r
+        if r:
+            print(f"dashboard update at {r['groups']} groups: median {r['update_s_median'] * 1000:.0f} ms "
+                  f"(max {r['update_s_max'] * 1000:.0f} ms; grid + wall-clock plots {r['grid_and_clock_s_median'] * 1000:.0f} ms), "
+                  f"{r['points_per_group']} points per group, load {r['loadavg'][0]:.2f}")
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2, default=str))
     return 0
