@@ -202,13 +202,14 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--render-groups", type=int, default=32)
     ap.add_argument("--render-history", type=int, default=600, help="steps per group already in the log")
     ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--run-root", default=None, help="keep the runs here (default: a temporary folder)")
     args = ap.parse_args(argv)
     os.nice(10)
     overrides = dict(parse_override(o) for o in args.overrides)
     results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "nproc": os.cpu_count(),
                      "mem_total_gib": psutil.virtual_memory().total / 2 ** 30}
     with tempfile.TemporaryDirectory(prefix="wb-bench-classroom-") as tmp:
-        root = Path(tmp)
+        root = Path(args.run_root or tmp)
         if args.scale:
             results["scale"] = []
             for n in [int(x) for x in args.scale.split(",")]:

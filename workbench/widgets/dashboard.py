@@ -314,7 +314,7 @@ class Dashboard(w.VBox):
                                name="dead groups", row=3, col=1, hovertemplate="%{x:.1f} s<br>%{y} dead<extra></extra>")
         self.clock.add_scatter(x=[], y=[], mode="lines", line=dict(shape="hv", color="#8e24aa", width=1, dash="dot"),
                                name="hung groups", row=3, col=1, hovertemplate="%{x:.1f} s<br>%{y} hung<extra></extra>")
-        self.clock.update_layout(height=380, margin=dict(l=60, r=10, t=40, b=40), uirevision="keep", hovermode="closest",
+        self.clock.update_layout(height=440, margin=dict(l=60, r=10, t=40, b=40), uirevision="keep", hovermode="closest",
                                  title=dict(text="over wall-clock time", x=0.01, font=dict(size=13)),
                                  legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
         self.clock.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=1)
@@ -322,7 +322,7 @@ class Dashboard(w.VBox):
         self.clock.update_yaxes(title_text="queue", rangemode="tozero", row=3, col=1)
         self.clock.update_xaxes(title_text="wall time since first event (s)", row=3, col=1)
         readable(self.clock)
-        self.clock_output = w.Output(layout=w.Layout(width="100%", min_height="400px"))
+        self.clock_output = w.Output(layout=w.Layout(width="100%", min_height="460px"))
         self.clock_box = w.Box([self.clock_output], layout=w.Layout(width="100%")).add_class("wb-clock-plot")
         self.backlog_panel = w.HTML().add_class("wb-backlog")
         self.scrubber = w.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.5, description="replay at",
