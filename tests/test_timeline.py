@@ -214,3 +214,18 @@ def test_a_queue_that_grows_is_reported_as_not_absorbed(tmp_path):
     b = replay.timeline.backlog()
     assert b["peak"] == 6 and b["at_end"] == 6 and b["kept_up"] is False
     assert b["mean"] == pytest.approx((10 * (1 + 2 + 3 + 4 + 5) + 10 * 6) / 65)  # 0 dead for 5 s, then 1..6 for 10 s each
+
+
+def test_a_semi_synchronous_step_is_useful_once_its_sync_committed(tmp_path):
+    run_dir = rundir.create(tmp_path, "20250101-000000-d-abcdef", {"replicas": 1})
+    w = EventWriter(run_dir, "replica-0.attempt-0", run="t", replica=0, attempt=0)
+    w.emit("start", role="replica")
+    for step in range(1, 11):  # a sync every 4 steps: step 4 commits, step 8 does not, 9-10 die with the process
+        sync = step % 4 == 0
+        w.emit("step", step=step, inner=not sync, committed=step != 8 if sync else True, participating=True,
+               algorithm="diloco")
+    events = EventReader(run_dir).poll()
+    assert useful_rate(events, 8)["samples"] == 4 * 8
+    replay = Replay(events, 1, samples_per_step=8)
+    assert len(replay.timeline.useful_t) == 4
+    assert replay.timeline.useful_t == [e["t"] for e in events if e["kind"] == "step" and e["step"] <= 4]

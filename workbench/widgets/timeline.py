@@ -11,8 +11,9 @@ what those views need:
   any earlier time;
 * the **quorum size** over time: participants of each step's quorum as the
   trainer reported it (``step.participants``, ``quorum`` events), changes only;
-* **useful samples**: the time of every committed, participating step, binned
-  into useful samples/s (:meth:`Timeline.throughput`);
+* **useful samples**: the time of every committed, participating step (a
+  semi-synchronous algorithm's once its sync committed: :class:`UsefulSteps`),
+  binned into useful samples/s (:meth:`Timeline.throughput`);
 * every **fault** (and ``sync`` of a DiLoCo-style algorithm);
 * the **queue of dead groups**: groups the fold says are dead (a process
   gone, not yet replaced by a new attempt's ``start``), and hung ones. A fault
@@ -91,6 +92,7 @@ class Timeline:
         self.version = 0
         self._seen: dict[int, tuple[str, int]] = {}
         self._dead = self._hung = 0
+        self._useful = UsefulSteps()
         self.observe([])
 
     def observe(self, events: Iterable[dict], only_touched: bool = False) -> None:
@@ -112,8 +114,7 @@ class Timeline:
             t = float(et)
             kind = e.get("kind")
             if kind == "step":
-                if e.get("committed", True) and e.get("participating") is not False:
-                    self.useful_t.append(t)
+                self.useful_t.extend(self._useful.add(e, t))
                 self._participants(t, e.get("participants"))
             elif kind == "quorum":
                 self._participants(t, e.get("participants"))
@@ -266,11 +267,39 @@ def fold_until(events: Iterable[dict], t: float, replicas: int, steps: int = 0) 
     return run
 
 
+class UsefulSteps:
+    """Which steps were useful work: committed and participating.
+
+    A step of a semi-synchronous ``ft.algorithm`` (its event has ``inner``) is provisional: the
+    next sync step of the same process (``inner: false``) decides it and every inner step since
+    the previous one. Committed, they all count; not committed, or never decided (the process died
+    first, or the log ends between two syncs), none does.
+    """
+
+    def __init__(self) -> None:
+        self._pending: dict[tuple, list[float]] = {}
+
+    def add(self, e: dict, t: float) -> list[float]:
+        """The times of the steps this ``step`` event makes useful."""
+        useful = e.get("participating") is not False
+        if "inner" not in e:
+            return [t] if useful and e.get("committed", True) else []
+        pending = self._pending.setdefault((e.get("replica"), e.get("attempt")), [])
+        if useful:
+            pending.append(t)
+        if e.get("inner") is not False:
+            return []
+        decided = list(pending) if e.get("committed") else []
+        pending.clear()
+        return decided
+
+
 def useful_rate(events: Iterable[dict], samples_per_step: int, window_s: Optional[float] = None) -> dict:
-    """Useful samples/s of a run: committed, participating steps × samples, over the time from the
-    first committed step (to ``window_s`` after it, or the last one)."""
-    ts = np.sort(np.array([float(e["t"]) for e in events if e.get("kind") == "step" and e.get("committed", True)
-                           and e.get("participating") is not False and _t(e) is not None]))
+    """Useful samples/s of a run: useful steps (:class:`UsefulSteps`) × samples, over the time from
+    the first committed step (to ``window_s`` after it, or the last one)."""
+    steps = sorted((e for e in events if e.get("kind") == "step" and _t(e) is not None), key=_t)
+    u = UsefulSteps()
+    ts = np.sort(np.array([x for e in steps for x in u.add(e, _t(e))], dtype=np.float64))
     if len(ts) < 2:
         return {"samples": 0, "seconds": 0.0, "rate": None}
     end = ts[0] + window_s if window_s else ts[-1]
