@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lab classroom bench soak clean maxtext-env slurm-pkgs browser-env prometheus-pkg check-test
+.PHONY: demo test env lab classroom classroom-run bench-classroom bench soak clean maxtext-env slurm-pkgs browser-env prometheus-pkg check-test
 
 # The install steps run apt-get and pip into shared places: never two at once, even under `make -j`.
 .NOTPARALLEL:
@@ -62,6 +62,17 @@ lab: browser-env
 # `make classroom [RUN=runs/...] [FAULTS=1] [PORT=8866]`; prints the URL with its token.
 classroom: browser-env
 	$(VENV)/bin/workbench classroom $(RUN) $(if $(FAULTS),--faults) $(if $(PORT),--port $(PORT))
+
+# Submit configs/classroom.yaml (16 groups, chaos: a fault every 29 s for 30 min, DiLoCo) and serve its
+# dashboard: `make classroom-run [CLASSROOM_ARGS="replicas=24 chaos.max_faults=10"] [FAULTS=1] [PORT=8866]`.
+classroom-run: browser-env
+	$(VENV)/bin/workbench classroom --config configs/classroom.yaml $(foreach o,$(CLASSROOM_ARGS),--set $(o)) \
+		$(if $(FAULTS),--faults) $(if $(PORT),--port $(PORT))
+
+# The classroom run under chaos and fault-free, back to back: throughput retained, faults, final loss, the
+# dashboard's update time at 32 groups. `make bench-classroom CLASSROOM_BENCH="--minutes 30"`.
+bench-classroom: $(STAMP)
+	$(PY) -m bench.classroom $(CLASSROOM_BENCH)
 
 # Benchmarks (not part of `make test`): writes docs/benchmarks.md. `make bench BENCH_ARGS=--quick` for a smoke run.
 bench: $(STAMP)

@@ -54,3 +54,14 @@ def test_classroom_refuses_what_it_cannot_serve_in_one_line(tmp_path, capsys):
         port = s.getsockname()[1]
         assert main(["classroom", "--run-root", str(tmp_path), "--port", str(port)]) == 2
     assert capsys.readouterr().err.strip() == f"workbench classroom: --port: {port} on 127.0.0.1 is in use; pick another (--port P)"
+
+
+def test_classroom_config_is_checked_before_anything_is_submitted(tmp_path, capsys):
+    run_dir = _run(tmp_path / "runs", "x")
+    assert main(["classroom", str(run_dir), "--config", "demo"]) == 2
+    assert capsys.readouterr().err.strip() == ("workbench classroom: RUN and --config: give one "
+                                               "(--config submits a new run and serves it)")
+    root = tmp_path / "fresh"
+    assert main(["classroom", "--config", "demo", "--set", "replicas=0", "--set", f"run_root={root}"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "replicas" in err[0] and not root.exists()

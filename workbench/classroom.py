@@ -157,5 +157,21 @@ def serve(run: Optional[str] = None, root: Optional[str] = None, port: int = DEF
             signal.signal(signal.SIGTERM, previous)
 
 
+def run_for(run, seconds: Optional[float] = None):
+    """A timer that stops ``run`` after ``seconds`` (default: its chaos schedule's last fault
+    + 30 s; none without a schedule); the page keeps serving the ended run (and its replay)."""
+    import threading
+
+    if seconds is None:
+        faults = [f.at_s for f in run.spec.faults if f.at_s is not None]
+        if not faults:
+            return None
+        seconds = max(faults) + 30.0 + 60.0  # at_s counts from the first committed step: startup on top
+    timer = threading.Timer(float(seconds), lambda: run.stop(timeout=60))
+    timer.daemon = True
+    timer.start()
+    return timer
+
+
 def _interrupt(signum, frame):
     raise KeyboardInterrupt

@@ -359,10 +359,23 @@ def cmd_project(args) -> int:
 
 
 def cmd_classroom(args) -> int:
-    from .classroom import ClassroomError, serve
+    from .classroom import ClassroomError, require_port, run_for, serve
 
+    run = None
     try:
-        return serve(args.run, root=args.run_root, port=args.port, faults=args.faults)
+        if args.config:
+            if args.run:
+                raise ClassroomError("RUN and --config: give one (--config submits a new run and serves it)")
+            require_port(args.port)
+            run = submit(args.config, args.overrides)
+            args.run = str(run.run_dir)
+            print(f"classroom: submitted {run.run_dir}", flush=True)
+        timer = run_for(run, args.stop_after) if run is not None else None
+        try:
+            return serve(args.run, root=args.run_root, port=args.port, faults=args.faults)
+        finally:
+            if timer is not None:
+                timer.cancel()
     except ClassroomError as e:
         print(f"workbench classroom: {e}", file=sys.stderr)
         return 2
@@ -487,6 +500,11 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--run-root", default=None, help="where to look for the newest run (default $WORKBENCH_RUN_ROOT or ./runs)")
     s.add_argument("--port", type=int, default=DEFAULT_PORT)
     s.add_argument("--faults", action="store_true", help="show the fault buttons (off unless given)")
+    s.add_argument("--config", default=None, help="submit this config first (configs/classroom.yaml) and serve its run")
+    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                   help="an override of --config's spec (repeatable)")
+    s.add_argument("--stop-after", type=float, default=None, metavar="S",
+                   help="with --config: stop the run after S seconds (default: its chaos schedule's length)")
     s.set_defaults(fn=cmd_classroom)
 
     s = sub.add_parser("cluster", help="local Slurm cluster: up | down | status")

@@ -30,24 +30,23 @@ from typing import Any, Optional
 
 import ipywidgets as w
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from .. import faultkinds
 from ..analysis.figures import readable
 from .plot import plot_bundle
 from .state import STATES, DashboardState
+from .timeline import GRID_MIN_GROUPS, STATE_COLORS, Replay, Snapshot, Timeline, cells
 from .updater import Updater, active
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
-STATE_COLORS = {
-    "pending": "#9e9e9e", "starting": "#64b5f6", "participating": "#43a047", "healing": "#ffb300",
-    "hung": "#8e24aa", "dead": "#e53935", "finished": "#1e88e5", "stopped": "#757575",
-}
 MARKER_STYLE = {
     "fault": dict(symbol="x", size=13, color="#d50000", line=dict(width=1, color="#7f0000")),
     "heal": dict(symbol="triangle-up", size=12, color="#00c853", line=dict(width=1, color="#1b5e20")),
     "checkpoint": dict(symbol="diamond", size=10, color="#ffd600", line=dict(width=1, color="#6d5f00")),
     "restore": dict(symbol="star", size=14, color="#ff6d00", line=dict(width=1, color="#7f3600")),
     "diverged": dict(symbol="octagon", size=14, color="#000000", line=dict(width=2, color="#d50000")),
+    "sync": dict(symbol="line-ns-open", size=12, color="#37474f", line=dict(width=2, color="#37474f")),
 }
 _STYLE = """<style>
 .wb-tiles{display:flex;flex-wrap:wrap;gap:6px}
@@ -56,6 +55,9 @@ _STYLE = """<style>
 .wb-table{font:12px monospace;border-collapse:collapse}
 .wb-table td,.wb-table th{padding:1px 8px;text-align:right;border-bottom:1px solid #ddd}
 .wb-tail{font:11px/1.3 monospace;margin:0;white-space:pre-wrap}
+.wb-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(64px,1fr));gap:3px;max-width:900px}
+.wb-cell{border-radius:3px;padding:2px 3px;font:bold 12px/1.2 monospace;color:#fff;text-align:center}
+.wb-legend span{display:inline-block;padding:0 6px;margin-right:4px;border-radius:3px;color:#fff;font:11px monospace}
 </style>"""
 
 
@@ -73,6 +75,15 @@ def _fmt(value: Any, spec: str = "", unit: str = "") -> str:
     except (TypeError, ValueError):
         text = str(value)
     return html.escape(text, quote=True)
+
+
+def _hold(t, y, t_end: Optional[float]):
+    """A step line's points held to ``t_end`` (its last value drawn up to the scrubbed time)."""
+    t, y = list(t), list(y)
+    if t and t_end is not None and t_end > t[-1]:
+        t.append(t_end)
+        y.append(y[-1])
+    return t, y
 
 
 def _bytes(n: Optional[float]) -> str:
@@ -123,9 +134,11 @@ class Dashboard(w.VBox):
         self._drawn: dict[str, Any] = {}
 
         self._build()
+        self._build_classroom()
         self.update()
         super().__init__(
-            [self.header, self.progress, self.x_toggle, self.loss_box, self.tiles, self.node_panel,
+            [self.header, self.progress, self.x_toggle, self.loss_box, self.clock_box, self.scrub_box, self.tiles,
+             self.backlog_panel, self.node_panel,
              self.quorum_panel,
              w.HBox([self.checkpoint_panel, self.heal_panel]),
              *([self.controls] if self.faults else []), self.tail_panel],
@@ -153,7 +166,7 @@ class Dashboard(w.VBox):
         for kind, style in MARKER_STYLE.items():
             traces.append(go.Scatter(
                 x=[], y=[], mode="markers", name={"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts",
-                                         "diverged": "diverged"}[kind],
+                                         "diverged": "diverged", "sync": "syncs"}[kind],
                 marker=style, hovertemplate="%{text}<br>step %{customdata:.0f}<br>loss %{y:.4f}<extra></extra>",
             ))
         self._trace_of = {r: r for r in replicas}
@@ -233,13 +246,16 @@ class Dashboard(w.VBox):
             self.progress.value = done
             self.progress.description = f"{done}/{planned}"
             self._set(self.header, _STYLE + self._header_html())
-            self._set(self.tiles, self._tiles_html())
+            if self.scrub_t is None:
+                self._set(self.tiles, self._grid_html(cells(self.state.run)) if self.compact
+                          else self._tiles_html())
             self._set(self.node_panel, self._nodes_html())
             self._set(self.quorum_panel, self._quorum_html())
             self._set(self.checkpoint_panel, self._checkpoints_html())
             self._set(self.heal_panel, self._heals_html())
             self._set(self.tail_panel, self._tail_html())
             self._render_loss(force_plot)
+            self._render_classroom(force_plot)
 
     @staticmethod
     def _set(widget: w.HTML, value: str) -> None:
@@ -273,6 +289,141 @@ class Dashboard(w.VBox):
         self.plot_output.outputs = plot_bundle(fig)
         self._plotted_at = time.monotonic()
         self._drawn["loss"] = key
+
+    # -- the classroom views: compact grid, wall-clock plots, replay ----------------
+    def _build_classroom(self) -> None:
+        """The views a class of 16-32 groups needs (``timeline.py`` computes them): a compact grid
+        of groups from ``GRID_MIN_GROUPS`` on, useful throughput, quorum size and the dead-group
+        queue over wall-clock time with every fault marked, and, once the run has ended, a
+        time scrubber that replays grid and plots from the log."""
+        from ..trainers import trainer_kind
+
+        self.compact = self.spec.replicas >= GRID_MIN_GROUPS
+        self.timeline = Timeline(self.run.run_state, trainer_kind(self.spec.trainer).samples_per_step(self.spec))
+        self.timeline.observe(list(self.run._events))
+        self._unsubscribe_timeline = self.run.run_state.subscribe(self._observe)
+        self.clock = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.5, 0.25, 0.25])
+        self.clock.add_scatter(x=[], y=[], mode="lines", line=dict(shape="hv", color="#1f77b4", width=2),
+                               name="useful samples/s", row=1, col=1,
+                               hovertemplate="%{x:.0f} s<br>%{y:,.0f} samples/s<extra></extra>")
+        self.clock.add_scatter(x=[], y=[], mode="markers", marker=MARKER_STYLE["fault"], name="faults", row=1, col=1,
+                               hovertemplate="%{text}<br>%{x:.1f} s<extra></extra>")
+        self.clock.add_scatter(x=[], y=[], mode="lines", line=dict(shape="hv", color="#43a047", width=2),
+                               name="quorum size", row=2, col=1, hovertemplate="%{x:.1f} s<br>%{y} groups<extra></extra>")
+        self.clock.add_scatter(x=[], y=[], mode="lines", line=dict(shape="hv", color="#e53935", width=2),
+                               name="dead groups", row=3, col=1, hovertemplate="%{x:.1f} s<br>%{y} dead<extra></extra>")
+        self.clock.add_scatter(x=[], y=[], mode="lines", line=dict(shape="hv", color="#8e24aa", width=1, dash="dot"),
+                               name="hung groups", row=3, col=1, hovertemplate="%{x:.1f} s<br>%{y} hung<extra></extra>")
+        self.clock.update_layout(height=440, margin=dict(l=60, r=10, t=40, b=40), uirevision="keep", hovermode="closest",
+                                 title=dict(text="over wall-clock time", x=0.01, font=dict(size=13)),
+                                 legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"))
+        self.clock.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=1)
+        self.clock.update_yaxes(title_text="quorum", range=[0, self.spec.replicas + 0.5], row=2, col=1)
+        self.clock.update_yaxes(title_text="queue", rangemode="tozero", row=3, col=1)
+        self.clock.update_xaxes(title_text="wall time since first event (s)", row=3, col=1)
+        readable(self.clock)
+        self.clock_output = w.Output(layout=w.Layout(width="100%", min_height="460px"))
+        self.clock_box = w.Box([self.clock_output], layout=w.Layout(width="100%")).add_class("wb-clock-plot")
+        self.backlog_panel = w.HTML().add_class("wb-backlog")
+        self.scrubber = w.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.5, description="replay at",
+                                      continuous_update=True, readout_format=".0f",
+                                      layout=w.Layout(width="70%")).add_class("wb-scrubber")
+        self.scrubber.observe(lambda change: self.scrub(change["new"]), names="value")
+        self.scrub_label = w.HTML().add_class("wb-scrub-label")
+        self.scrub_box = w.HBox([self.scrubber, self.scrub_label], layout=w.Layout(display="none")).add_class("wb-scrub")
+        self.replay: Optional[Replay] = None
+        self.scrub_t: Optional[float] = None
+        self._clock_plotted_at = float("-inf")
+
+    def _observe(self, events: list[dict]) -> None:
+        with self._render_lock:
+            self.timeline.observe(events)
+
+    def _render_classroom(self, force: bool) -> None:
+        if self.state.run_state is not None and self.replay is None:
+            self._start_replay()
+        tl = self.timeline
+        self._set(self.backlog_panel, self._backlog_html((self.replay.timeline if self.replay else tl).backlog()))
+        if self.scrub_t is not None:
+            return
+        key = ("live", tl.version)
+        if not force and self._drawn.get("clock") == key:
+            return
+        if not force and self.running and time.monotonic() - self._clock_plotted_at < self.plot_every:
+            return
+        t_now = self.state.last_event_t
+        self._draw_clock(tl.throughput(until=t_now if self.running else None), tl.quorum_series(), tl.queue_series(),
+                         tl.marks_until(None, "fault"), t_end=(t_now - (self.state.t0 or 0.0)) if t_now else None)
+        self._drawn["clock"] = key
+
+    def _draw_clock(self, throughput: dict, quorum: dict, queue: dict, faults: list, t_end: Optional[float]) -> None:
+        t0 = self.state.t0 or 0.0
+        fig = self.clock
+        top = float(throughput["rate"].max()) if len(throughput["rate"]) else 1.0
+        with fig.batch_update():
+            d = fig.data
+            d[0].x, d[0].y = throughput["t"], throughput["rate"]
+            d[1].x, d[1].y = [m.t - t0 for m in faults], [top * 1.05] * len(faults)
+            d[1].text = [m.label for m in faults]
+            d[2].x, d[2].y = _hold(quorum["t"], quorum["participants"], t_end)
+            d[3].x, d[3].y = _hold(queue["t"], queue["dead"], t_end)
+            d[4].x, d[4].y = _hold(queue["t"], queue["hung"], t_end)
+            fig.layout.shapes = [dict(type="line", xref="x", yref="paper", x0=m.t - t0, x1=m.t - t0, y0=0, y1=1,
+                                      line=dict(color="rgba(213,0,0,0.35)", width=1)) for m in faults]
+            if self.replay is not None:
+                fig.layout.xaxis3.range = [0, self.replay.end - self.replay.start]
+        self.clock_output.outputs = plot_bundle(fig, alt="throughput, quorum and dead groups over time")
+        self._clock_plotted_at = time.monotonic()
+
+    def _start_replay(self) -> None:
+        """Once the run has ended: fold its log once more, event by event, for the scrubber."""
+        from ..trainers import trainer_kind
+
+        self.replay = Replay(self.run._events, self.spec.replicas, self.spec.steps,
+                             trainer_kind(self.spec.trainer).samples_per_step(self.spec))
+        span = max(self.replay.end - self.replay.start, 1.0)
+        with self.scrubber.hold_trait_notifications():
+            self.scrubber.max = span
+            self.scrubber.step = max(0.5, round(span / 400, 1))
+            self.scrubber.value = span
+        self.scrub_box.layout.display = "flex"
+        self.scrub_label.value = "the whole run; drag to replay it"
+
+    def scrub(self, seconds: float) -> Optional[Snapshot]:
+        """Show the run as it stood ``seconds`` after its first event (grid and wall-clock plots)."""
+        if self.replay is None:
+            return None
+        with self._render_lock:
+            snap = self.replay.at(self.replay.start + float(seconds))
+            self.scrub_t = snap.t
+            up = sum(c.state == "participating" for c in snap.cells)
+            dead = sum(c.state == "dead" for c in snap.cells)
+            self.scrub_label.value = (f"<span class='wb-scrub-at' data-t='{snap.t - self.replay.start:.1f}'>"
+                                      f"t = {snap.t - self.replay.start:.0f} s · {up}/{len(snap.cells)} participating"
+                                      f" · {dead} dead · {len(snap.faults)} faults so far</span>")
+            self._set(self.tiles, self._grid_html(snap.cells))
+            self._draw_clock(snap.throughput, snap.quorum, snap.queue, snap.faults, t_end=snap.t - self.replay.start)
+            return snap
+
+    def _grid_html(self, grid: list) -> str:
+        """One small cell per group, coloured by state, its attempt in the corner."""
+        counts = {st: 0 for st in STATES}
+        parts = []
+        for c in grid:
+            counts[c.state] = counts.get(c.state, 0) + 1
+            parts.append(f"<div class='wb-cell' data-replica='{c.replica}' data-state='{c.state}' "
+                         f"data-attempt='{c.attempt}' style='background:{c.color}' title='replica {c.replica}: "
+                         f"{c.state}, attempt {c.attempt}'>{c.replica}<sup>{c.attempt or ''}</sup></div>")
+        legend = "".join(f"<span style='background:{STATE_COLORS[st]}'>{st} {n}</span>"
+                         for st, n in counts.items() if n)
+        return f"<div class='wb-legend'>{legend}</div><div class='wb-grid'>{''.join(parts)}</div>"
+
+    @staticmethod
+    def _backlog_html(b: dict) -> str:
+        verdict = "relaunch and spares kept up" if b["kept_up"] else "<b style='color:#c62828'>fault rate not absorbed: the queue of dead groups grows</b>"
+        return (f"<div class='wb-backlog-now' data-peak='{b['peak']}' data-at-end='{b['at_end']}' "
+                f"data-kept-up='{str(b['kept_up']).lower()}'><b>dead-group queue</b> peak {b['peak']} · "
+                f"mean {b['mean']:.2f} · now {b['at_end']} · {verdict}</div>")
 
     # -- html panels ---------------------------------------------------------------
     def _header_html(self) -> str:
@@ -401,6 +552,7 @@ class Dashboard(w.VBox):
         """Stop the updater thread and the subscription to the run (the widgets keep what they show)."""
         self._updater.stop(timeout)
         self._unsubscribe()
+        self._unsubscribe_timeline()
         self.render()
 
     def _show_update_error(self, e: Exception) -> None:

@@ -25,7 +25,7 @@ from ..runstate import REPLICA_STATES, ReplicaView, RunState
 Tile = ReplicaView
 
 STATES = REPLICA_STATES
-MARKER_KINDS = ("fault", "heal", "checkpoint", "restore", "diverged")
+MARKER_KINDS = ("fault", "heal", "checkpoint", "restore", "diverged", "sync")
 QUIET_KINDS = frozenset({"step", "heartbeat", "commit"})
 
 
@@ -133,6 +133,7 @@ class DashboardState:
         self.markers_version = 0
         self.quorum_version = 0
         self._diverged: set = set()
+        self._synced: set = set()  # sync_index values marked (every group reports each sync)
 
     # -- what the fold knows -----------------------------------------------------
     @property
@@ -273,6 +274,21 @@ class DashboardState:
         self._pending_markers.append(
             {"kind": "fault", "e": e, "label": f"{action} {where} ({e.get('origin', '?')})"}
         )
+
+    def _on_sync(self, e: dict, t: float) -> None:
+        """A DiLoCo-style outer sync (``ft.algorithm``): one marker per ``sync_index``, on the curve
+        of the first group that reported it."""
+        key = e.get("sync_index", e.get("step"))
+        if key in self._synced:
+            return
+        self._synced.add(key)
+        label = (f"sync {key} ({e.get('algorithm', '?')}"
+                 + (f", fragment {e['fragment']}" if e.get("fragment") is not None else "")
+                 + f"): {e.get('participants', '?')} groups"
+                 + (f", {e['bytes'] / 1e6:.1f} MB" if isinstance(e.get("bytes"), (int, float)) else "")
+                 + (f" in {e['seconds']:.2f} s" if isinstance(e.get("seconds"), (int, float)) else "")
+                 + ("" if e.get("committed", True) else ", not committed"))
+        self._pending_markers.append({"kind": "sync", "e": e, "label": label})
 
     # -- markers ---------------------------------------------------------------
     def _place_markers(self) -> None:

@@ -1,0 +1,258 @@
+"""``python -m bench.classroom``: the classroom run under chaos and fault-free, back to back.
+
+Prints (and writes as JSON with ``--json``): throughput retained (useful samples/s under chaos ÷
+the same configuration's fault-free useful samples/s, each over the same window from its first
+committed step), the faults injected, the groups, the final loss, the dead-group queue (peak, mean,
+whether relaunch and spares kept up), memory (RSS, PSS, USS) and CPU per torchft-lite group, and
+the dashboard's time for one update at 32 groups (median of repeated updates, kernel side: new
+events read, folded, every panel and both plots rendered to their widget state).
+
+``--scale 8,16,24,32`` measures instead how the machine holds N groups: a short fault-free run at
+each N, memory and CPU per group process, step time, useful samples/s.
+
+The config is ``configs/classroom.yaml``. Its ``ft`` section (``ft.algorithm: diloco``) is dropped,
+with a note, where this tree's spec has no ``ft`` section yet; ``--set ft.algorithm=ddp`` etc.
+override it where it has.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Optional
+
+import psutil
+
+import workbench as wb
+from workbench import analysis, rundir
+from workbench.events import EventWriter
+from workbench.spec import Spec
+from workbench.spec_load import load_spec, load_yaml, parse_override
+from workbench.trainers import trainer_kind
+from workbench.widgets.timeline import Replay, useful_rate
+
+from .sessions import _stop
+
+CONFIG = Path(__file__).resolve().parent.parent / "configs" / "classroom.yaml"
+
+
+def classroom_spec(overrides: dict, log=print) -> Spec:
+    data = load_yaml(CONFIG)
+    if "ft" in data and "ft" not in Spec.model_fields:
+        log(f"note: this tree's spec has no `ft` section yet: dropped ft={data.pop('ft')} (per-step DDP)")
+        overrides = {k: v for k, v in overrides.items() if not k.startswith("ft.")}
+    return load_spec(data, overrides)
+
+
+def _sample(run) -> dict:
+    """Memory and CPU time of every live process of the run, by role."""
+    run.refresh()
+    st = run.run_state
+    groups = {v.live_proc().pid for v in st.replicas.values() if v.live_proc() is not None}
+    spares = {p.pid for p in st.spares.values()}
+    out = {"group": [], "spare": [], "other": []}
+    for p in st.processes():
+        try:
+            proc = psutil.Process(p.pid)
+            mem = proc.memory_full_info()
+            cpu = proc.cpu_times()
+        except (psutil.Error, OSError):
+            continue
+        role = "group" if p.pid in groups else "spare" if p.pid in spares else "other"
+        out[role].append({"pid": p.pid, "rss": mem.rss, "pss": getattr(mem, "pss", None), "uss": mem.uss,
+                          "cpu_s": cpu.user + cpu.system})
+    out["t"] = time.time()
+    return out
+
+
+def run_window(spec: Spec, window_s: float, root: Path, log=print, startup_timeout: float = 300.0) -> dict:
+    """Submit, wait for the first committed step, train for ``window_s``, stop; events and samples."""
+    data = spec.to_dict()
+    data["run_root"] = str(root)
+    load = os.getloadavg()
+    t_submit = time.time()
+    run = wb.submit(data)
+    error, samples = None, []
+    try:
+        run.wait_for(lambda r: analysis.max_committed_step(r._events) > 0 or r.state() in ("failed", "stopped"),
+                     timeout=startup_timeout)
+        first = min(e["t"] for e in run._events if e.get("kind") == "step" and e.get("committed"))
+        for frac in (0.25, 0.75):  # CPU time between two samples; memory at the later one
+            run.wait_for(lambda r: time.time() - first >= frac * window_s or r.state() in ("failed", "stopped"),
+                         timeout=window_s + startup_timeout)
+            samples.append(_sample(run))
+        run.wait_for(lambda r: time.time() - first >= window_s or r.state() in ("failed", "stopped", "completed"),
+                     timeout=window_s + startup_timeout)
+    except TimeoutError as e:
+        error = str(e)
+    finally:
+        _stop(run)
+    events = run.event_records()
+    log(f"  {spec.replicas} groups, chaos {'on' if spec.chaos is not None or spec.faults else 'off'}: "
+        f"{sum(1 for e in events if e['kind'] == 'step')} step events, "
+        f"{sum(1 for e in events if e['kind'] == 'fault' and e.get('action') != 'resume')} faults, "
+        f"{time.time() - t_submit:.0f} s wall" + (f", ERROR {error}" if error else ""))
+    return {"spec": spec, "events": events, "samples": samples, "load": load, "error": error,
+            "run_dir": str(run.run_dir), "window_s": window_s}
+
+
+def summarize(rec: dict) -> dict:
+    spec, events, window = rec["spec"], rec["events"], rec["window_s"]
+    batch = trainer_kind(spec.trainer).samples_per_step(spec)
+    rate = useful_rate(events, batch, window)
+    first = min((e["t"] for e in events if e.get("kind") == "step" and e.get("committed")), default=None)
+    end = first + window if first is not None else None
+    in_window = [e for e in events if end is None or e.get("t", 0) <= end]
+    faults = [e for e in in_window if e.get("kind") == "fault" and e.get("action") != "resume"]
+    last_loss: dict = {}
+    for e in in_window:
+        if e.get("kind") == "step" and e.get("committed") and e.get("participating") is not False \
+                and isinstance(e.get("loss"), (int, float)):
+            last_loss[e.get("replica")] = e["loss"]
+    steps = [e for e in in_window if e.get("kind") == "step" and isinstance(e.get("step_time_s"), (int, float))]
+    replay = Replay(in_window, spec.replicas, spec.steps, batch)
+    out = {
+        "groups": spec.replicas, "spares": spec.spares, "window_s": window, "useful_samples": rate["samples"],
+        "useful_samples_per_s": rate["rate"], "faults": len(faults),
+        "fault_kinds": {k: sum(1 for f in faults if f.get("action") == k) for k in sorted({f.get("action") for f in faults})},
+        "final_loss_median": statistics.median(last_loss.values()) if last_loss else None,
+        "step_time_s_median": statistics.median(e["step_time_s"] for e in steps) if steps else None,
+        "restarts": sum(1 for e in in_window if e.get("kind") == "restart"),
+        "backlog": replay.timeline.backlog(), "loadavg_at_start": rec["load"], "error": rec["error"],
+    }
+    if len(rec["samples"]) == 2:
+        a, b = rec["samples"]
+        dt = b["t"] - a["t"]
+        cpu_a = {p["pid"]: p["cpu_s"] for p in a["group"]}
+        cpu = [(p["cpu_s"] - cpu_a[p["pid"]]) / dt for p in b["group"] if p["pid"] in cpu_a]
+        mib = 2 ** 20
+        out["memory"] = {
+            "group_rss_mib_median": statistics.median(p["rss"] / mib for p in b["group"]) if b["group"] else None,
+            "group_pss_mib_median": statistics.median(p["pss"] / mib for p in b["group"] if p["pss"]) if b["group"] else None,
+            "group_uss_mib_median": statistics.median(p["uss"] / mib for p in b["group"]) if b["group"] else None,
+            "run_pss_mib_total": sum((p["pss"] or p["rss"]) for role in ("group", "spare", "other") for p in b[role]) / mib,
+            "group_cpu_cores_median": statistics.median(cpu) if cpu else None,
+            "run_cpu_cores_total": sum(cpu) if cpu else None,
+            "processes": {role: len(b[role]) for role in ("group", "spare", "other")},
+        }
+    return out
+
+
+def render_time(root: Path, groups: int = 32, history_steps: int = 600, reps: int = 15) -> dict:
+    """One dashboard update at ``groups`` groups: each rep appends one step per group (and a fault
+    every 5th) to a real run directory, then times ``Dashboard.update()`` (read, fold, render all)."""
+    from workbench.widgets import Dashboard
+
+    spec = classroom_spec({"replicas": groups, "chaos": None}, log=lambda *_: None)
+    data = spec.to_dict()
+    data["run_root"] = str(root)
+    run_dir = rundir.create(root, f"20250101-000000-render{groups}-abcdef", data)
+    ctl = EventWriter(run_dir, "controller", run="bench")
+    control = EventWriter(run_dir, "control-bench", run="bench")
+    ws = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="bench", replica=r, attempt=0) for r in range(groups)]
+    t = time.time() - history_steps * 0.5
+    ctl.emit("start", role="controller", trainer=spec.trainer, cluster="local", t=t)
+    for w in ws:
+        w.emit("start", role="replica", trainer=spec.trainer, world_size=1, t=t)
+
+    def step_all(s: int, t: float) -> None:
+        for r, w in enumerate(ws):
+            w.emit("step", step=s, loss=5.0 / (1 + s) + 0.01 * r, committed=True, participating=True,
+                   participants=groups, quorum_id=s // 50, step_time_s=0.4, tokens_per_s=640.0, t=t)
+
+    for s in range(1, history_steps + 1):
+        step_all(s, t + s * 0.5)
+        if s % 60 == 0:
+            control.emit("fault", action="hang", target=s % groups, pid=1, origin="schedule", seconds=3, t=t + s * 0.5)
+    dash = Dashboard(run_dir, start=False, faults=False)
+    times, clock = [], []
+    try:
+        for i in range(reps):
+            step_all(history_steps + 1 + i, time.time())
+            if i % 5 == 0:
+                control.emit("fault", action="hang", target=i % groups, pid=1, origin="schedule", seconds=3)
+            t0 = time.perf_counter()
+            dash.update()
+            times.append(time.perf_counter() - t0)
+            t0 = time.perf_counter()
+            dash._render_classroom(force=True)
+            clock.append(time.perf_counter() - t0)
+    finally:
+        dash.stop()
+    return {"groups": groups, "points_per_group": history_steps + reps, "reps": reps,
+            "update_s_median": statistics.median(times), "update_s_max": max(times),
+            "grid_and_clock_s_median": statistics.median(clock), "loadavg": os.getloadavg()}
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m bench.classroom", description=__doc__.splitlines()[0])
+    ap.add_argument("--minutes", type=float, default=30.0, help="each half's window (chaos, then fault-free)")
+    ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--scale", default=None, help="comma-separated group counts: measure memory/CPU/step time instead")
+    ap.add_argument("--scale-window", type=float, default=40.0)
+    ap.add_argument("--half", choices=("chaos", "fault-free"), default=None,
+                    help="run only one half (write it with --json); --retained combines two halves' files")
+    ap.add_argument("--retained", nargs=2, metavar=("CHAOS_JSON", "FAULT_FREE_JSON"), default=None)
+    ap.add_argument("--render-only", action="store_true")
+    ap.add_argument("--render-groups", type=int, default=32)
+    ap.add_argument("--render-history", type=int, default=600, help="steps per group already in the log")
+    ap.add_argument("--json", default=None, help="also write the results here")
+    ap.add_argument("--run-root", default=None, help="keep the runs here (default: a temporary folder)")
+    args = ap.parse_args(argv)
+    os.nice(10)
+    overrides = dict(parse_override(o) for o in args.overrides)
+    results: dict = {"started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "nproc": os.cpu_count(),
+                     "mem_total_gib": psutil.virtual_memory().total / 2 ** 30}
+    with tempfile.TemporaryDirectory(prefix="wb-bench-classroom-") as tmp:
+        root = Path(args.run_root or tmp)
+        if args.scale:
+            results["scale"] = []
+            for n in [int(x) for x in args.scale.split(",")]:
+                spec = classroom_spec({**overrides, "replicas": n, "chaos": None})
+                s = summarize(run_window(spec, args.scale_window, root))
+                print(json.dumps({k: s[k] for k in ("groups", "useful_samples_per_s", "step_time_s_median",
+                                                     "memory", "loadavg_at_start")}, default=str))
+                results["scale"].append(s)
+        elif args.half:
+            window = args.minutes * 60
+            spec = classroom_spec(overrides if args.half == "chaos" else {**overrides, "chaos": None})
+            results[args.half.replace("-", "_")] = summarize(run_window(spec, window, root))
+            print(json.dumps(results[args.half.replace("-", "_")], default=str))
+        elif not args.render_only:
+            window = args.minutes * 60
+            if args.retained:
+                chaos, clean = (json.loads(Path(f).read_text())[k] for f, k in zip(args.retained, ("chaos", "fault_free")))
+                window = chaos["window_s"]
+            else:
+                chaos = summarize(run_window(classroom_spec(overrides), window, root))
+                clean = summarize(run_window(classroom_spec({**overrides, "chaos": None}), window, root))
+            retained = (chaos["useful_samples_per_s"] / clean["useful_samples_per_s"]
+                        if chaos["useful_samples_per_s"] and clean["useful_samples_per_s"] else None)
+            results.update(chaos=chaos, fault_free=clean, throughput_retained=retained)
+            print(f"throughput retained {retained:.3f} (target >= 0.977): {chaos['useful_samples_per_s']:.1f} / "
+                  f"{clean['useful_samples_per_s']:.1f} useful samples/s; {chaos['faults']} faults "
+                  f"{chaos['fault_kinds']} in {window:.0f} s, {chaos['groups']} groups + {chaos['spares']} spares, "
+                  f"final loss {chaos['final_loss_median']:.4f} (fault-free {clean['final_loss_median']:.4f}); "
+                  f"dead-group queue peak {chaos['backlog']['peak']}, mean {chaos['backlog']['mean']:.2f}, "
+                  f"kept up: {chaos['backlog']['kept_up']}")
+        if args.half:
+            r = None
+        else:
+            r = render_time(root, args.render_groups, args.render_history)
+            results["render"] = r
+        if r:
+            print(f"dashboard update at {r['groups']} groups: median {r['update_s_median'] * 1000:.0f} ms "
+                  f"(max {r['update_s_max'] * 1000:.0f} ms; grid + wall-clock plots {r['grid_and_clock_s_median'] * 1000:.0f} ms), "
+                  f"{r['points_per_group']} points per group, load {r['loadavg'][0]:.2f}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
