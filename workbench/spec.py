@@ -74,6 +74,78 @@ class TorchftSpec(_Section):
     structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
 
 
+ALGORITHMS = ("ddp", "localsgd", "diloco", "streaming_diloco")
+DILOCO_FAMILY = ("diloco", "streaming_diloco")
+TITAN_SEMI_SYNC = {"localsgd": "local_sgd", "diloco": "diloco", "streaming_diloco": "diloco"}
+"""``ft.algorithm`` → TorchTitan's ``fault_tolerance.semi_sync_method`` (its ``maybe_semi_sync_training`` knows
+these two; streaming DiLoCo is its ``diloco`` with ``num_fragments`` > 1)."""
+TITAN_OUTER = {"outer_lr": 0.7, "outer_momentum": 0.9, "outer_nesterov": True}
+"""TorchTitan builds DiLoCo's outer optimizer itself, with these values (``SGD(lr=0.7, momentum=0.9, nesterov=True)``)."""
+
+
+class FtSpec(_Section):
+    """How replica groups synchronise: torchft's per-step DDP or one of its semi-synchronous algorithms.
+
+    ``ddp``: gradients all-reduced every step (torchft ``DistributedDataParallel``).
+    ``localsgd``: torchft ``LocalSGD``, parameters averaged every ``sync_every`` inner steps.
+    ``diloco``: torchft ``DiLoCo``, pseudo-gradients averaged every ``sync_every`` inner
+    steps and applied by an outer SGD (``outer_lr``, ``outer_momentum``, ``outer_nesterov``).
+    ``streaming_diloco``: ``DiLoCo`` over ``fragments`` model fragments, one synced every
+    ``sync_every / fragments`` inner steps, its all-reduce overlapping ``fragment_sync_delay``
+    inner steps, the result mixed into the local weights by ``fragment_update_alpha``.
+    ``quantize``: torchft's quantized all-reduce of the pseudo-gradients (Triton on CUDA only;
+    torchft falls back to a plain all-reduce silently elsewhere, so the spec refuses it there).
+
+    A semi-synchronous run's groups meet only at syncs: the lighthouse's
+    ``join_timeout_ms`` is how long a group at a sync waits for a peer that is
+    alive but not there yet (a replacement, a straggler). Unless set, it is
+    raised to 30 s for these algorithms (torchft's own default is 60 s): with
+    1 s a replacement asking to join between syncs would form a quorum alone
+    and never meet its peers.
+    """
+
+    algorithm: Literal[ALGORITHMS] = "ddp"
+    sync_every: int = Field(10, ge=1, le=1_000_000)
+    fragments: int = Field(1, ge=1, le=1024)
+    fragment_sync_delay: int = Field(0, ge=0, le=1_000_000)
+    fragment_update_alpha: float = Field(0.0, ge=0.0, le=1.0)
+    outer_lr: float = Field(0.7, gt=0, le=100)
+    outer_momentum: float = Field(0.9, ge=0, lt=1)
+    outer_nesterov: bool = True
+    quantize: bool = False
+
+    @model_validator(mode="after")
+    def _rules(self) -> "FtSpec":
+        """Value-based (a resolved spec, every field written out, validates the same)."""
+        algo = self.algorithm
+        changed = [k for k, f in FtSpec.model_fields.items() if k != "algorithm" and getattr(self, k) != f.default]
+        if algo == "ddp":
+            if changed:
+                raise ValueError(f"{changed[0]}: only for a semi-synchronous ft.algorithm "
+                                 f"({', '.join(ALGORITHMS[1:])}); ddp syncs every step")
+            return self
+        if algo != "streaming_diloco" and self.fragments != 1:
+            raise ValueError(f"fragments ({self.fragments}): only for ft.algorithm streaming_diloco "
+                             f"(got {algo}, which syncs the whole model)")
+        if algo == "streaming_diloco":
+            if self.fragments < 2:
+                raise ValueError(f"fragments ({self.fragments}): streaming_diloco needs at least 2 fragments "
+                                 "(1 fragment is ft.algorithm diloco)")
+            if self.sync_every % self.fragments:
+                raise ValueError(f"sync_every ({self.sync_every}) must be a multiple of ft.fragments "
+                                 f"({self.fragments}): one fragment syncs every sync_every / fragments steps")
+        if algo == "localsgd":
+            for key in changed:
+                if key != "sync_every":
+                    raise ValueError(f"{key}: only for ft.algorithm {' or '.join(DILOCO_FAMILY)}; "
+                                     "localsgd averages the parameters, it has no outer optimizer")
+        elif self.fragment_sync_delay >= self.sync_every // self.fragments:
+            raise ValueError(f"fragment_sync_delay ({self.fragment_sync_delay}) must be < sync_every / fragments "
+                             f"({self.sync_every // self.fragments}): a fragment must be synced before it is "
+                             "reduced again")
+        return self
+
+
 class ModelSpec(_Section):
     """The torchft-lite decoder language model and its synthetic data."""
 
@@ -262,6 +334,7 @@ class Spec(_Section):
     write_events: bool = True
     lighthouse: LighthouseSpec = Field(default_factory=LighthouseSpec)
     torchft: TorchftSpec = Field(default_factory=TorchftSpec)
+    ft: FtSpec = Field(default_factory=FtSpec)
     model: ModelSpec = Field(default_factory=ModelSpec)
     faults: list[FaultSpec] = Field(default_factory=list)
     chaos: Optional[ChaosSpec] = None
@@ -307,11 +380,52 @@ class Spec(_Section):
         if self.spares and not trainer_kind(self.trainer).supports_spares:
             with_spares = ", ".join(n for n in TRAINERS if trainer_kind(n).supports_spares)
             raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer {with_spares} only")
+        self._check_algorithm()
         if self.chaos and self.chaos.targets:
             bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
             if bad:
                 raise ValueError(f"chaos.targets {bad}: each must be in 0..{self.replicas - 1}")
         return self
+
+    def _check_algorithm(self) -> None:
+        ft, kind = self.ft, trainer_kind(self.trainer)
+        if ft.algorithm not in kind.algorithms:
+            with_it = ", ".join(n for n in TRAINERS if ft.algorithm in trainer_kind(n).algorithms)
+            raise ValueError(f"ft.algorithm: {ft.algorithm} is not implemented by trainer {self.trainer} "
+                             f"(allowed: {', '.join(kind.algorithms)}); {ft.algorithm} runs on {with_it}")
+        if ft.algorithm == "ddp":
+            return
+        if ft.algorithm in DILOCO_FAMILY and self.torchft.use_async_quorum:
+            if "use_async_quorum" in self.torchft.model_fields_set:
+                raise ValueError(f"torchft.use_async_quorum: true; ft.algorithm {ft.algorithm} needs false "
+                                 "(torchft's DiLoCo heals in a synchronous quorum at each sync)")
+            self.torchft.use_async_quorum = False
+        if ft.quantize:
+            self._check_quantize()
+        if self.trainer == "titan":
+            for key, value in TITAN_OUTER.items():
+                if getattr(ft, key) != value:
+                    raise ValueError(f"ft.{key} ({getattr(ft, key)}): trainer titan cannot set it; TorchTitan "
+                                     f"builds DiLoCo's outer optimizer with {key.removeprefix('outer_')}={value}")
+        if self.trainer == "torchft-lite" and ft.fragments > self.model.layers + 2:
+            raise ValueError(f"ft.fragments ({ft.fragments}) must be <= model.layers + 2 ({self.model.layers + 2}): "
+                             "a fragment is the embeddings, one or more blocks, or the head")
+        if "join_timeout_ms" not in self.lighthouse.model_fields_set:
+            self.lighthouse.join_timeout_ms = 30_000
+
+    def _check_quantize(self) -> None:
+        import importlib.util
+
+        if self.cluster == "slurm":
+            if self.slurm.gpus_per_node < 1:
+                raise ValueError("ft.quantize: true needs GPUs (torchft quantizes with Triton on CUDA); "
+                                 "set slurm.gpus_per_node >= 1 or ft.quantize: false")
+            return
+        import torch
+
+        if not (torch.cuda.is_available() and importlib.util.find_spec("triton")):
+            raise ValueError(f"ft.quantize: true needs CUDA and Triton on this machine (cluster {self.cluster} "
+                             "runs here) and it has neither; allowed here: false")
 
     @property
     def pg_timeout_ms(self) -> int:

@@ -46,6 +46,10 @@ class TrainerKind:
     before each write. ``"group"``: the group's own recorded process;
     ``"replica0"``: the process recorded as replica 0 (the rank 0 of a one-job
     trainer); ``"child_rank0"``: the group's child with ``RANK=0``.
+
+    ``algorithms``: the spec's ``ft.algorithm`` values the trainer implements
+    (``ddp``: per-step all-reduce; the semi-synchronous ones: torchft's
+    ``LocalSGD``/``DiLoCo``, see :mod:`.semi_sync`).
     """
 
     name: str
@@ -61,6 +65,7 @@ class TrainerKind:
     store_host: Optional[str] = None
     rank0: Optional[str] = None
     checkpoint_writer: Optional[str] = None
+    algorithms: tuple[str, ...] = ("ddp",)
 
     def samples_per_step(self, spec) -> int:
         """Samples one writer's committed step trains on."""
@@ -83,12 +88,12 @@ KINDS: tuple[TrainerKind, ...] = (
     TrainerKind(
         "torchft-lite", "workbench.trainers.torchft_lite", elastic=True,
         sections=("model", "torchft", "lighthouse"), supports_spares=True, batch_from_model=True, slurm_tasks=1,
-        store_host="group", rank0="group",
+        store_host="group", rank0="group", algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
     ),
     TrainerKind(
         "titan", "workbench.trainers.titan", elastic=True,
         sections=("titan", "torchft", "lighthouse"), checkpoint_period="titan.checkpoint_interval",
-        store_host="group", rank0="child_rank0",
+        store_host="group", rank0="child_rank0", algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
     ),
     TrainerKind(
         "maxtext", "workbench.trainers.maxtext", elastic=False,

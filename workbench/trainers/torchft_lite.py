@@ -46,7 +46,7 @@ def run(ctx: JobContext) -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from . import quorum_epochs
+    from . import quorum_epochs, semi_sync
     from .torchft_logs import TorchftLogHandler
 
     loopback.install(host)
@@ -90,6 +90,8 @@ def run(ctx: JobContext) -> None:
     transport = InstrumentedTransport(timeout=timeout, num_chunks=0)
     store = loopback.loopback_store()
     pg = loopback.loopback_process_group_gloo()(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
+    allreduce_bytes = semi_sync.AllreduceBytes(pg)
+    algorithm = (spec.get("ft") or {}).get("algorithm", "ddp")
     writer.emit(
         "phase", phase="model_ready", seconds=time.time() - t_start, checkpoint_address=transport.metadata()
     )
@@ -128,15 +130,28 @@ def run(ctx: JobContext) -> None:
         heartbeat_interval=timedelta(milliseconds=tf["heartbeat_interval_ms"]),
         checkpoint_transport=transport,
         quorum_retries=tf["quorum_retries"],
-        use_async_quorum=tf["use_async_quorum"],
+        use_async_quorum=tf["use_async_quorum"] and algorithm not in ("diloco", "streaming_diloco"),
     )
     quorum_epochs.install(manager, ctx.run_dir)
-    ddp = DistributedDataParallel(manager, model)
-    optimizer = Optimizer(manager, inner_opt)
+    if algorithm == "ddp":
+        ddp = DistributedDataParallel(manager, model)
+        optimizer = Optimizer(manager, inner_opt)
     writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)
 
     beat = Heartbeat(writer, spec["heartbeat_s"])
     beat.start()
+    if algorithm != "ddp":
+        loop_t0 = time.perf_counter()
+        try:
+            reason, iterations, step = semi_sync.train(ctx, spec, writer, manager, model, inner_opt, allreduce_bytes,
+                                                 log_handler, stop, beat)
+        except Exception as e:
+            writer.emit("exit", reason="error", step=manager.current_step(), error=f"{type(e).__name__}: {e}")
+            raise
+        finally:
+            beat.stop()
+        _finish(writer, manager, model, reason, step, loop_t0, iterations)
+        return
     steps = spec["steps"]
     checksum_every = max(1, int(spec.get("checksum_every", 10)))
     tokens = m["batch_size"] * m["seq_len"]
@@ -170,7 +185,7 @@ def run(ctx: JobContext) -> None:
                     step=step, loss=float(loss.item()), committed=bool(committed),
                     participating=bool(manager.is_participating()), participants=manager.num_participants(),
                     quorum_id=quorum_id, step_time_s=dt, tokens_per_s=tokens / dt if dt else None,
-                    batch_seed=[spec["seed"], step_before, ctx.replica],
+                    batch_seed=[spec["seed"], step_before, ctx.replica], bytes=allreduce_bytes.take(),
                 )
                 if step % checksum_every == 0 or step >= steps:
                     fields["weights"] = weights_checksum(model.state_dict())
@@ -180,8 +195,12 @@ def run(ctx: JobContext) -> None:
         raise
     finally:
         beat.stop()
+    _finish(writer, manager, model, reason, manager.current_step(), loop_t0, iterations)
+
+
+def _finish(writer, manager, model, reason: str, step: int, loop_t0: float, iterations: int) -> None:
     writer.emit(
-        "exit", reason=reason, step=manager.current_step(), weights=weights_checksum(model.state_dict()),
+        "exit", reason=reason, step=step, weights=weights_checksum(model.state_dict()),
         loop_seconds=time.perf_counter() - loop_t0, iterations=iterations,
     )
     manager.shutdown(wait=False)
