@@ -23,6 +23,13 @@ it heals from them (``heal``) and from then on syncs in step with them. A
 replacement that waited for its next scheduled sync instead would ask alone,
 form a quorum of one after the join timeout, and never meet its peers.
 
+What a joiner contributes to its first sync is torchft's: under ``LocalSGD``
+(async quorum) it is not participating yet, its tensors are zeroed and the
+average is over the others; under ``DiLoCo`` (synchronous quorum) it heals
+inside ``start_quorum`` and then computes its pseudo-gradient from its
+source's weights, so that sync counts the source's pseudo-gradient twice
+(exact with 2 groups, weighted towards the source with more).
+
 Steps
 -----
 A ``step`` event's ``step`` is the group's training step:
