@@ -132,6 +132,77 @@ def test_killed_group_comes_back_heals_and_syncs_again(start_run, algorithm):
     assert not [e for e in events if e["kind"] == "exit" and e.get("replica") == 0 and e["t"] < t_stop]
     assert {e.get("attempt") for e in events if e["kind"] == "step" and e.get("replica") == 0} == {0}
     assert len(survivor_after) >= 2
+    # The recovery timeline reads the same log: the replacement rejoined (a step a committed sync kept).
+    from workbench import analysis
+
+    row = analysis.recovery_timeline(events).iloc[0]
+    assert row["target"] == 1 and 0 < row["heal_done"] <= row["participating"], row
     # Each committed sync after the kill advanced the survivor's sync count (nothing redone).
     counted = [s["step"] for s in survivor_after]
     assert all(b > a for a, b in zip(counted, counted[1:])), counted
+
+
+# --- goodput and the recovery timeline read a semi-synchronous log ---------------------------------
+
+def _diloco_log(tmp_path):
+    """A hand-written DiLoCo log, syncing every 3 steps, 2 groups, one event a second (times given).
+
+    Group 1 is killed at 1008.5 after inner steps 7 and 8 (its last committed sync: step 6). Group 0
+    syncs alone at 9 and with the replacement (healed at 1011.8, joined at sync 12) at 12; their sync
+    at 15 is voted down, so 13–15 are stepped again and committed at 1018.
+    """
+    from workbench import rundir
+    from workbench.events import EventReader, EventWriter
+
+    run_dir = rundir.create(tmp_path, "20250101-000000-semi-abcdef", {"replicas": 2})
+    ctl = EventWriter(run_dir, "controller", run="t")
+    control = EventWriter(run_dir, "control-1", run="t")
+    w = {(r, a): EventWriter(run_dir, f"replica-{r}.attempt-{a}", run="t", replica=r, attempt=a)
+         for r, a in ((0, 0), (1, 0), (1, 1))}
+    ctl.emit("start", role="controller", trainer="torchft-lite", cluster="local", t=999.0)
+
+    def step(key, s, t, participants=2, committed=True):
+        w[key].emit("step", step=s, inner=s % 3 != 0, committed=committed, participating=True,
+                    participants=participants, algorithm="diloco", loss=1.0, t=t)
+
+    for r in (0, 1):
+        w[(r, 0)].emit("start", role="replica", trainer="torchft-lite", t=999.5)
+    for s in range(1, 9):
+        step((0, 0), s, 1000.0 + s)
+        step((1, 0), s, 1000.1 + s)
+    control.emit("fault", action="kill", target=1, pid=1, origin="api", t=1008.5)
+    step((0, 0), 9, 1009.0, participants=1)
+    w[(1, 1)].emit("start", role="replica", trainer="torchft-lite", t=1009.5)
+    for s in (10, 11, 12):
+        step((0, 0), s, 1000.0 + s, participants=1 if s < 12 else 2)
+    w[(1, 1)].emit("heal", step=4, bytes=1000, seconds=0.3, t=1011.8)
+    for k, s in enumerate((13, 14, 15, 13, 14, 15)):
+        failed = k == 2
+        step((0, 0), s, 1013.0 + k, committed=not failed)
+        step((1, 1), s, 1013.1 + k, committed=not failed)
+    return EventReader(run_dir).poll()
+
+
+def test_a_fault_between_syncs_costs_the_victim_its_inner_steps_only(tmp_path):
+    from workbench import analysis
+    from workbench.analysis.useful import decided
+
+    events = _diloco_log(tmp_path)
+    spec = load_spec("algorithms", ["ft.algorithm=diloco"])
+    batch = spec.model.batch_size
+    # Useful: group 0 steps 1–15 once each (its voted-down 13–15 not); group 1 steps 1–6 (7, 8 died
+    # undecided with attempt 0) and the replacement's committed 13–15: 15 + 6 + 3.
+    assert analysis.goodput(events, spec)["useful_samples"] == 24 * batch
+    lost = [(e["replica"], e["attempt"], e["step"]) for e in decided(events) if e.get("undecided")]
+    assert lost == [(1, 0, 7), (1, 0, 8)]
+    row = analysis.recovery_timeline(events).iloc[0]
+    assert row["steps_lost"] == 2
+    assert row["heal_done"] == pytest.approx(1011.8 - 1008.5)
+    # Rejoined: the replacement's first step a committed sync kept (the second 13), not its first 13.
+    assert row["participating"] == pytest.approx(1016.1 - 1008.5)
+    assert bool(row["complete"])
+    s = analysis.summary(events, spec)
+    # The survivor's voted-down 13–15 were discarded and stepped again, not committed and redone.
+    assert (s["survivor_steps_lost"], s["survivor_steps_discarded"]) == (0, 3)
+    assert s["steps_redone"] == 2
+    assert s["kill_to_rejoin_s"] == pytest.approx(1016.1 - 1008.5)

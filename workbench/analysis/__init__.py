@@ -7,6 +7,9 @@ the same figures. One concept per module:
 - ``metrics``: the step metrics frame, the furthest committed step;
 - ``recovery``: the recovery timeline, one row per fault (milestones, stall,
   heal, steps lost), which every other view reads instead of re-deriving it;
+- ``useful``: which steps were useful work (a semi-synchronous algorithm's inner
+  steps once their sync committed), read by recovery, summary, goodput and the
+  classroom views alike;
 - ``summary``: a run's headline figures, derived from the timeline;
 - ``goodput``: useful work against the run's own fault-free rate;
 - ``goodput_vocabulary``: its badput causes as ``ml-goodput-measurement``'s ``BadputType``;
@@ -27,10 +30,11 @@ from .goodput_vocabulary import BADPUT_TYPES, badput_by_type, badput_vocabularie
 from .metrics import STEP_COLUMNS, max_committed_step, metrics_frame
 from .recovery import MILESTONES, ends_process, recovery_timeline
 from .summary import counts, summary, survivor_steps
+from .useful import UsefulSteps, decided
 
 __all__ = [
-    "BADPUT_PARTS", "BADPUT_TYPES", "MILESTONES", "STEP_COLUMNS", "badput_by_type", "badput_vocabularies", "counts",
-    "ends_process", "goodput", "goodput_figure",
+    "BADPUT_PARTS", "BADPUT_TYPES", "MILESTONES", "STEP_COLUMNS", "UsefulSteps", "badput_by_type", "badput_vocabularies", "counts",
+    "decided", "ends_process", "goodput", "goodput_figure",
     "max_committed_step", "metrics_frame", "recovery_timeline", "summary", "survivor_steps", "timeline_figure",
 ]
 

@@ -11,6 +11,7 @@ from .. import faultkinds
 from ..trainers import trainer_kind
 from .metrics import metrics_frame
 from .recovery import recovery_timeline
+from .useful import decided
 
 BADPUT_PARTS = ("stall", "discarded", "heal", "missing", "restart", "startup", "checkpoint", "other")
 
@@ -36,8 +37,14 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
     group's time is accounted for once — the check that the accounting has no
     gaps or overlaps.
 
+    A semi-synchronous algorithm's steps count as :mod:`.useful` decides them:
+    an inner step is work once its process's next sync committed, so a fault
+    between syncs shows as the victim's inner steps since its last committed
+    sync, ``discarded``, and nothing of the survivors'.
+
     ``timeline``: this run's ``recovery_timeline`` if the caller already has it.
     """
+    events = decided(events)
     df = metrics_frame(events)
     empty = {"goodput": None, "rate_samples_per_s": None, "lost_s": None, "T_s": None,
              "badput_s": {k: 0.0 for k in BADPUT_PARTS}, "productive_s": None}

@@ -26,7 +26,9 @@ Per replica fault, also:
   *survivor* is a group that was never a fault's target and never relaunched
   (attempt 0 throughout).
 - ``heal_seconds``/``heal_bytes`` of the victim's heal, ``steps_lost`` (steps
-  redone after a restore from a checkpoint), ``from_scratch`` (the group came
+  redone after a restore from a checkpoint; under a semi-synchronous
+  ``ft.algorithm``, the victim's inner steps since its last committed sync,
+  which died with it), ``from_scratch`` (the group came
   back with no live peer to heal from), ``complete`` (every milestone this
   kind of recovery has was reached).
 
@@ -41,6 +43,11 @@ participating step, so on every run with a live peer both give the same
 number. The attempt a fault hit is the newest one seen at the fault (its last
 step's, its last ``start``'s, or the attempt the fault event names): a fault
 targets a group's newest process, even one that had not stepped yet.
+
+A semi-synchronous algorithm's steps are read as :mod:`.useful` decides them
+(an inner step is committed once its process's next sync committed), so
+``participating`` is the replacement's first step that a committed sync kept,
+and a survivor's inner steps before a sync voted down are not committed steps.
 
 Computed from the events sorted once and indexed by (replica, kind): each
 milestone is a bisection to the fault's time plus a scan over the few events
@@ -59,6 +66,7 @@ import numpy as np
 import pandas as pd
 
 from .. import faultkinds
+from .useful import decided
 
 MILESTONES = ("detected", "quorum_without_victim", "replacement_started", "imports_done", "heal_done", "participating")
 COLUMNS = ["t", "action", "target", "origin", *MILESTONES, "heal_seconds", "heal_bytes", "steps_lost", "from_scratch",
@@ -178,6 +186,12 @@ class _Log:
                 (e.get("step", 0) if e.get("committed") else 0 for e in steps.events), max, initial=0))
         return (steps.events[i - 1] if i else None), self._cummax[replica][i]
 
+    def undecided_of(self, replica, attempt: int, t: float) -> int:
+        """Inner steps of a semi-synchronous attempt, up to ``t``, that no sync decided: lost with its process."""
+        steps = self.of(replica, "step")
+        return sum(1 for e in steps.events[:bisect.bisect_right(steps.ts, t)]
+                   if e.get("undecided") and e.get("attempt", 0) == attempt)
+
     def newest_start_until(self, replica, t: float) -> int:
         starts = self.of(replica, "start")
         i = bisect.bisect_right(starts.ts, t)
@@ -232,6 +246,8 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
         else steps.first_after(tf, lambda e: taking_part(e) and e["t"] >= heal["t"]), tf)
     if restored:
         row["steps_lost"] = max(0, last_before - int(restored.get("from_step") or 0))
+    elif kind.ends_process and log.undecided_of(victim, attempt0, tf):
+        row["steps_lost"] = log.undecided_of(victim, attempt0, tf)
     else:
         row["steps_lost"] = 0 if heal else None
     # A group that comes back behind its peers must heal; a paused one that was still the
@@ -271,7 +287,7 @@ def _lighthouse_recovery(f: dict, log: _Log) -> dict:
 
 def recovery_timeline(events: list[dict]) -> pd.DataFrame:
     """One row per fault in time order (a ``resume`` is not one): ``COLUMNS``; see the module docstring."""
-    log = _Log(events)
+    log = _Log(decided(events))
     rows = []
     for f in log.kind("fault").events:
         kind = faultkinds.kind(f.get("action"))

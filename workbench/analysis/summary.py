@@ -16,6 +16,10 @@ and never relaunched: attempt 0 throughout):
   committed, participating step, after its heal).
 - ``heal_seconds``, ``heal_bytes``: medians over the same faults.
 - ``steps_redone``: the timeline's ``steps_lost`` summed over every fault.
+
+A semi-synchronous algorithm's steps are read as :mod:`.useful` decides them: a
+survivor's inner steps before a sync voted down were discarded, not committed
+and then redone.
 """
 
 from __future__ import annotations
@@ -28,6 +32,7 @@ import pandas as pd
 from .. import faultkinds
 from .metrics import max_committed_step, metrics_frame
 from .recovery import ends_process, recovery_timeline
+from .useful import decided
 from ..runstate import run_state_of
 
 
@@ -45,7 +50,7 @@ def survivor_steps(events: list[dict], metrics: Optional[pd.DataFrame] = None) -
 
     ``metrics``: this run's ``metrics_frame`` if the caller already has it.
     """
-    df = metrics_frame(events) if metrics is None else metrics
+    df = metrics_frame(decided(events)) if metrics is None else metrics
     if df.empty:
         return 0, 0
     victims = {e.get("target") for e in events if e.get("kind") == "fault" and isinstance(e.get("target"), int)}
@@ -64,6 +69,7 @@ def summary(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
 
     ``timeline``: this run's ``recovery_timeline`` if the caller already has it.
     """
+    events = decided(events)
     timeline = recovery_timeline(events) if timeline is None else timeline
     kills = timeline[ends_process(timeline)] if len(timeline) else timeline
     metrics = metrics_frame(events)

@@ -38,7 +38,7 @@ join is manager step 1), the same number on every group at the same point of
 the schedule, and what ``steps`` and ``at_step`` faults count. ``inner``:
 false on the step whose hook ran the sync. An inner step's ``committed`` is
 provisional: the next ``sync`` of the same process decides it
-(:mod:`workbench.analysis.semi_sync`).
+(:mod:`workbench.analysis.useful`).
 
 Bytes
 -----

@@ -12,7 +12,7 @@ what those views need:
 * the **quorum size** over time: participants of each step's quorum as the
   trainer reported it (``step.participants``, ``quorum`` events), changes only;
 * **useful samples**: the time of every committed, participating step (a
-  semi-synchronous algorithm's once its sync committed: :class:`UsefulSteps`),
+  semi-synchronous algorithm's once its sync committed: :class:`~workbench.analysis.useful.UsefulSteps`),
   binned into useful samples/s (:meth:`Timeline.throughput`);
 * every **fault** (and ``sync`` of a DiLoCo-style algorithm);
 * the **queue of dead groups**: groups the fold says are dead (a process
@@ -37,6 +37,7 @@ from typing import Iterable, Optional
 
 import numpy as np
 
+from ..analysis.useful import UsefulSteps
 from ..runstate import RunState
 
 GRID_MIN_GROUPS = 9  # from this many groups the dashboard shows the compact grid instead of one tile each
@@ -265,33 +266,6 @@ def fold_until(events: Iterable[dict], t: float, replicas: int, steps: int = 0) 
     run = RunState(replicas, steps)
     run.apply(sorted((e for e in events if _t(e) is not None and _t(e) <= t), key=_t))
     return run
-
-
-class UsefulSteps:
-    """Which steps were useful work: committed and participating.
-
-    A step of a semi-synchronous ``ft.algorithm`` (its event has ``inner``) is provisional: the
-    next sync step of the same process (``inner: false``) decides it and every inner step since
-    the previous one. Committed, they all count; not committed, or never decided (the process died
-    first, or the log ends between two syncs), none does.
-    """
-
-    def __init__(self) -> None:
-        self._pending: dict[tuple, list[float]] = {}
-
-    def add(self, e: dict, t: float) -> list[float]:
-        """The times of the steps this ``step`` event makes useful."""
-        useful = e.get("participating") is not False
-        if "inner" not in e:
-            return [t] if useful and e.get("committed", True) else []
-        pending = self._pending.setdefault((e.get("replica"), e.get("attempt")), [])
-        if useful:
-            pending.append(t)
-        if e.get("inner") is not False:
-            return []
-        decided = list(pending) if e.get("committed") else []
-        pending.clear()
-        return decided
 
 
 def useful_rate(events: Iterable[dict], samples_per_step: int, window_s: Optional[float] = None) -> dict:
