@@ -206,3 +206,39 @@ def test_a_fault_between_syncs_costs_the_victim_its_inner_steps_only(tmp_path):
     assert (s["survivor_steps_lost"], s["survivor_steps_discarded"]) == (0, 3)
     assert s["steps_redone"] == 2
     assert s["kill_to_rejoin_s"] == pytest.approx(1016.1 - 1008.5)
+
+
+# --- titan: the same choice through TorchTitan's own fault_tolerance options ------------------------
+
+@pytest.mark.titan
+def test_titan_flags_for_each_algorithm_parse_as_torchtitan_semi_sync_config():
+    """The argv a titan group gets, parsed by torchtitan's own ConfigManager into its FaultTolerance."""
+    pytest.importorskip("torchtitan")
+    from .test_titan import run_python
+
+    out = run_python("""
+        import tomllib
+        from workbench.spec_load import load_spec
+        from workbench.trainers import titan_cpu, titan
+        if titan_cpu.needed():
+            titan_cpu.apply()
+        from torchtitan.config import ConfigManager
+        toml = tomllib.loads(titan.resolve_toml("titan-cpu-debug").read_text())
+        cases = {
+            "ddp": (["ft.algorithm=ddp"], (None,)),
+            "localsgd": (["ft.algorithm=localsgd", "ft.sync_every=4"], ("local_sgd", 4)),
+            "diloco": (["ft.algorithm=diloco", "ft.sync_every=7"], ("diloco", 7, 1, 0, 0.0)),
+            "streaming_diloco": (["ft.algorithm=streaming_diloco", "ft.fragments=3", "ft.sync_every=9",
+                                  "ft.fragment_sync_delay=2", "ft.fragment_update_alpha=0.25"],
+                                 ("diloco", 9, 3, 2, 0.25)),
+        }
+        for name, (overrides, want) in cases.items():
+            spec = load_spec("titan-cpu", overrides).to_dict()
+            c = ConfigManager().parse_args(titan.titan_flags(toml, titan.ft_overrides(spec)))
+            f = c.fault_tolerance
+            got = (f.semi_sync_method, f.sync_steps, f.num_fragments, f.fragment_sync_delay,
+                   f.fragment_update_alpha)[:len(want)]  # what the method reads; the rest is inert
+            assert got == want and f.should_quantize is False, (name, got)
+        print("parsed")
+    """)
+    assert "parsed" in out

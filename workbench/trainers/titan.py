@@ -124,7 +124,40 @@ def job_flags(ctx: JobContext, assets: Path) -> list[str]:
         "hf_assets_path": str(assets / "tokenizer"),
         "dataloader.dataset_path": str(assets / "corpus"),
     }
+    derived.update(ft_overrides(spec))
     return titan_flags(config, {**derived, **(titan.get("overrides") or {})}) + list(titan.get("extra_args") or [])
+
+
+def ft_overrides(spec: dict) -> dict:
+    """The spec's ``ft`` section as TorchTitan's own ``fault_tolerance`` options.
+
+    torchtitan's ``maybe_semi_sync_training`` builds torchft's ``LocalSGD``
+    (``semi_sync_method = "local_sgd"``) or ``DiLoCo`` (``"diloco"``) around
+    its optimizers, with ``sync_every = sync_steps``; streaming DiLoCo is its
+    ``diloco`` with ``num_fragments`` > 1 (the model spec's ``fragment_fn``
+    splits the decoder: embeddings, layers, norm + head), and a semi-sync
+    method makes its Manager's quorum synchronous. ``ddp`` leaves the TOML's
+    per-step fault tolerance as it is. The outer optimizer is torchtitan's
+    fixed one (spec validation refuses other values).
+    """
+    from ..spec import TITAN_SEMI_SYNC
+
+    ft = spec.get("ft") or {}
+    algorithm = ft.get("algorithm", "ddp")
+    if algorithm == "ddp":
+        return {}
+    out: dict[str, Any] = {
+        "fault_tolerance.semi_sync_method": TITAN_SEMI_SYNC[algorithm],
+        "fault_tolerance.sync_steps": ft["sync_every"],
+    }
+    if algorithm != "localsgd":
+        out.update({
+            "fault_tolerance.num_fragments": ft["fragments"],
+            "fault_tolerance.fragment_sync_delay": ft["fragment_sync_delay"],
+            "fault_tolerance.fragment_update_alpha": ft["fragment_update_alpha"],
+            "fault_tolerance.should_quantize": ft["quantize"],
+        })
+    return out
 
 
 def llama3_torchft_8b():
