@@ -242,3 +242,16 @@ def test_titan_flags_for_each_algorithm_parse_as_torchtitan_semi_sync_config():
         print("parsed")
     """)
     assert "parsed" in out
+
+
+def test_sweep_points_with_different_ft_keys_do_not_leak_into_each_other():
+    """A point's dotted override (ft.fragments) once changed the base's ft section for every later point."""
+    from workbench.sweep import validate_points
+
+    base = load_spec("algorithms", ["ft.algorithm=diloco"])
+    specs = validate_points(base, [
+        {"ft.algorithm": "streaming_diloco", "ft.fragments": 2, "ft.sync_every": 4},
+        {"ft.algorithm": "localsgd", "ft.sync_every": 16, "torchft.use_async_quorum": True},
+    ])
+    assert (specs[1].ft.algorithm, specs[1].ft.fragments, specs[1].ft.sync_every) == ("localsgd", 1, 16)
+    assert base.ft.fragments == 1

@@ -10,6 +10,7 @@ one :class:`~workbench.spec.SpecError` naming the field.
 
 from __future__ import annotations
 
+import copy
 import os
 from pathlib import Path
 from typing import Any, Mapping, Sequence, Union
@@ -154,7 +155,7 @@ def load_spec(
     if isinstance(config, Spec):
         data = config.to_dict()
     elif isinstance(config, Mapping):
-        data = dict(config)
+        data = copy.deepcopy(dict(config))  # a dotted override must not reach into the caller's sections
     elif config is None:
         data = {}
     else:
