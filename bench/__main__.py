@@ -4,7 +4,8 @@ Order: the fault-free comparison (torchft-lite, ddp-restart and, in full mode,
 torchft-lite without step events, interleaved), torchft-lite kill recovery
 (full mode), the kill-every-period comparison (torchft-lite and ddp-restart,
 interleaved), torchft's structured logs routed on / off (interleaved), then the
-event pipeline. The process renices itself (and so
+event pipeline, then ``ft.algorithm`` under one recorded fault trace (:mod:`bench.algorithms`, its own
+section of the report). The process renices itself (and so
 every run it starts) by 10: the machine is shared.
 """
 
@@ -19,7 +20,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import machine, pipeline, recovery, report, sessions, torchft_logs
+from . import algorithms, machine, pipeline, recovery, report, sessions, torchft_logs
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
@@ -68,6 +69,10 @@ def main(argv: list[str] | None = None) -> int:
         faulted = sessions.interleaved(
             [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])], 1, window, root)
         log_route = torchft_logs.measure(cfg["log_route_reps"], cfg["log_route_window_s"], root)
+        alg_cfg = algorithms.QUICK if args.quick else algorithms.FULL
+        alg_info = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": info["mode"], "load_start": algorithms.load()}
+        alg = {**algorithms.measure(alg_cfg, root), "settings": {k: v for k, v in alg_cfg.items() if k != "timeout_s"}}
+        alg_info["load_end"] = algorithms.load()
     torchft_faulted = [r for r in kill_runs + faulted if r.spec.trainer == "torchft-lite"]
 
     results = {
@@ -87,6 +92,7 @@ def main(argv: list[str] | None = None) -> int:
     results["machine"]["loadavg_at_end"] = machine.loadavg()
     results["machine"]["bench_wall_s"] = time.time() - t_start
     report.write(results, out, img)
+    algorithms.write_section(out, algorithms.markdown(alg, alg_info))
     (img / "benchmarks.json").write_text(json.dumps(report.jsonable(results), indent=1, default=str))
     print(f"wrote {out} in {time.time() - t_start:.0f} s")
     return 0
