@@ -36,8 +36,11 @@ REPO = Path(__file__).resolve().parent.parent
 CONFIG = "algorithms"
 MARK_BEGIN, MARK_END = "<!-- bench.algorithms: begin -->", "<!-- bench.algorithms: end -->"
 
-FULL = dict(steps=300, kill_steps=(100, 200), kill_targets=(1, 0), periods=(4, 16), timeout_s=900.0)
-QUICK = dict(steps=120, kill_steps=(50,), kill_targets=(1,), periods=(4, 16), timeout_s=600.0)
+# Steps: a replacement is training ~5-8 s after a kill here, and a semi-synchronous survivor steps in
+# ~10-15 ms (ddp ~16 ms): a run must outlast that by far, or its survivor finishes before the victim
+# is back and the replacement trains alone from scratch.
+FULL = dict(steps=3000, kill_steps=(500, 1800), kill_targets=(1, 0), periods=(4, 16), timeout_s=1800.0)
+QUICK = dict(steps=1000, kill_steps=(200,), kill_targets=(1,), periods=(4, 16), timeout_s=900.0)
 
 
 def points(periods) -> list[dict]:

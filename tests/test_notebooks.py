@@ -215,3 +215,38 @@ def test_network_faults_notebook_runs_headless(run_root, tmp_path, monkeypatch):
     assert slowed["during the straggler (s)"] > 1.5 * slowed["group 0 step before (s)"]
     assert displayed(nb, "hostfaults.leftovers()") == []
     assert hostfaults.leftovers() == []
+
+
+@pytest.mark.slow
+def test_algorithms_under_faults_notebook_runs_headless(run_root, monkeypatch):
+    """Notebook 06, small: the ddp trace and its replay over localsgd, diloco, streaming_diloco at two
+    sync periods. Checked from the run directories: the same kill at the same step in every run, each
+    run's algorithm did its syncs with measured bytes, each victim came back, healed and took part."""
+    monkeypatch.setenv("WORKBENCH_NOTEBOOK_STEPS", "1000")
+    monkeypatch.setenv("WORKBENCH_NOTEBOOK_PERIODS", "4,8")
+    nb, states = execute("06_algorithms_under_faults.ipynb", run_root)
+    assert len(states) == 7 and set(states.values()) == {"completed"}, states
+    algorithms = {}
+    for run_dir in states:
+        run = attach(run_dir)
+        spec, events = run.spec, run.event_records()
+        algorithms[(spec.ft.algorithm, spec.ft.sync_every)] = run_dir
+        (fault,) = [e for e in events if e["kind"] == "fault"]
+        assert (fault["action"], fault["target"]) == ("kill", 1)
+        assert [f.model_dump(exclude_none=True) for f in spec.faults] == [
+            {"action": "kill", "target": 1, "at_step": 200, "seconds": 5.0}]
+        heal = next(e for e in events if e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1)
+        assert heal["t"] > fault["t"] and heal["bytes"] > 0
+        syncs = [e for e in events if e["kind"] == "sync"]
+        if spec.ft.algorithm == "ddp":
+            assert not syncs
+        else:
+            assert {e["algorithm"] for e in syncs} == {spec.ft.algorithm}
+            assert any(e["committed"] and e["participants"] == 2 and e["bytes"] > 0 and e["t"] > heal["t"]
+                       for e in syncs if e["replica"] == 1)
+    assert set(algorithms) == {("ddp", 10)} | {(a, p) for a in ("localsgd", "diloco", "streaming_diloco") for p in (4, 8)}
+    shown = displayed(nb, 'json.loads(table.drop(columns="run_dir")')
+    assert [r["algorithm"] for r in shown][0] == "ddp" and shown[0]["bytes_per_step_vs_ddp"] == 1.0
+    # A semi-synchronous run all-reduces only at syncs: fewer bytes per step than ddp, as its event log says.
+    for r in shown[1:]:
+        assert 0 < r["bytes_per_step_vs_ddp"] < 1, r
