@@ -219,13 +219,13 @@ def test_network_faults_notebook_runs_headless(run_root, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_algorithms_under_faults_notebook_runs_headless(run_root, monkeypatch):
-    """Notebook 06, small: the ddp trace and its replay over localsgd, diloco, streaming_diloco at two
-    sync periods. Checked from the run directories: the same kill at the same step in every run, each
+    """Notebook 06, small (one sync period instead of two: ~2 min): the ddp trace and its replay over
+    localsgd, diloco, streaming_diloco. Checked from the run directories: the same kill at the same step in every run, each
     run's algorithm did its syncs with measured bytes, each victim came back, healed and took part."""
     monkeypatch.setenv("WORKBENCH_NOTEBOOK_STEPS", "1000")
-    monkeypatch.setenv("WORKBENCH_NOTEBOOK_PERIODS", "4,8")
+    monkeypatch.setenv("WORKBENCH_NOTEBOOK_PERIODS", "4")
     nb, states = execute("06_algorithms_under_faults.ipynb", run_root)
-    assert len(states) == 7 and set(states.values()) == {"completed"}, states
+    assert len(states) == 4 and set(states.values()) == {"completed"}, states
     algorithms = {}
     for run_dir in states:
         run = attach(run_dir)
@@ -244,7 +244,7 @@ def test_algorithms_under_faults_notebook_runs_headless(run_root, monkeypatch):
             assert {e["algorithm"] for e in syncs} == {spec.ft.algorithm}
             assert any(e["committed"] and e["participants"] == 2 and e["bytes"] > 0 and e["t"] > heal["t"]
                        for e in syncs if e["replica"] == 1)
-    assert set(algorithms) == {("ddp", 10)} | {(a, p) for a in ("localsgd", "diloco", "streaming_diloco") for p in (4, 8)}
+    assert set(algorithms) == {("ddp", 10)} | {(a, 4) for a in ("localsgd", "diloco", "streaming_diloco")}
     shown = displayed(nb, 'json.loads(table.drop(columns="run_dir")')
     assert [r["algorithm"] for r in shown][0] == "ddp" and shown[0]["bytes_per_step_vs_ddp"] == 1.0
     # A semi-synchronous run all-reduces only at syncs: fewer bytes per step than ddp, as its event log says.
