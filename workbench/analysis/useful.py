@@ -40,11 +40,13 @@ def decided(events: Iterable[dict]) -> list[dict]:
     """``events`` in time order, each semi-synchronous ``step`` replaced by a copy whose ``committed``
     is its decision (:class:`UsefulSteps`), and ``undecided: true`` on an inner step no sync decided
     (its process died first, or the log ends before the next sync). Other events are passed through
-    unchanged, so every analysis reads a DDP run exactly as before."""
+    unchanged, and a log with no semi-synchronous step is returned as it is: every analysis reads a
+    DDP run exactly as before."""
+    events = events if isinstance(events, list) else list(events)
+    if not any(e.get("kind") == "step" and "inner" in e for e in events):
+        return events
     out = sorted(events, key=lambda e: e.get("t", 0.0))
     semi = [i for i, e in enumerate(out) if e.get("kind") == "step" and "inner" in e]
-    if not semi:
-        return out
     u = UsefulSteps()
     useful: set[int] = set()
     last_sync: dict[tuple, int] = {}
