@@ -1,0 +1,5 @@
+"""placeholder, replaced below"""
+
+
+def measure(reps, window_s, root, ddp):
+    return None
