@@ -19,7 +19,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
+from . import heal, machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
@@ -33,7 +33,7 @@ QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window
              log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0)
 
 
-SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost")
+SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -64,10 +64,11 @@ def main(argv: list[str] | None = None) -> int:
     img.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     info = {**machine.describe(), "mode": "quick" if args.quick else "full", "settings": cfg,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "only": sorted(only) if args.only else None}
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "only": sorted(only) if args.only else None, "set": args.set}
     print(f"bench ({info['mode']}): {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
 
-    clean, kill_runs, spare_runs, faulted, log_route, step_cost = [], [], [], [], None, None
+    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw = [], [], [], [], None, None, None
+    crashed: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
         ddp = ddp_restart(cfg["checkpoint_every_s"])
@@ -90,7 +91,10 @@ def main(argv: list[str] | None = None) -> int:
         if "log_route" in only:
             log_route = torchft_logs.measure(cfg["log_route_reps"], cfg["log_route_window_s"], root)
         if "stepcost" in only:
-            step_cost = stepcost.measure(cfg["stepcost_reps"], cfg["stepcost_window_s"], root, ddp)
+            step_cost = _section(crashed, "stepcost", stepcost.measure, cfg["stepcost_reps"], cfg["stepcost_window_s"], root, ddp)
+        if "heal" in only:
+            print("[heal bandwidth] ~250 MB of state, one kill")
+            heal_bw = _section(crashed, "heal", heal.measure, root)
     torchft_faulted = [r for r in kill_runs + faulted if r.spec.trainer == "torchft-lite"]
     stepping = [r for r in clean if sessions.writes_steps(r)]  # events off: only the writer A/B reads it
 
@@ -106,7 +110,11 @@ def main(argv: list[str] | None = None) -> int:
         "breakeven": report.breakeven_of(clean, faulted),
         "log_route": log_route,
         "step_cost": step_cost,
-        "errors": [{"variant": r.variant, "error": r.error} for r in clean + kill_runs + spare_runs + faulted if r.error],
+        "heal": heal_bw,
+        "errors": [{"variant": r.variant, "error": r.error} for r in clean + kill_runs + spare_runs + faulted if r.error]
+        + [{"variant": r["variant"], "error": r["error"]} for r in (step_cost or {}).get("runs", []) if r["error"]]
+        + ([{"variant": heal_bw["variant"], "error": heal_bw["error"]}] if heal_bw and heal_bw["error"] else [])
+        + crashed,
     }
     if "pipeline" in only:
         thr = results["throughput"]
@@ -125,6 +133,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR in {e['variant']}: {e['error']}")
     print(f"wrote {out} in {time.time() - t_start:.0f} s")
     return 1 if results["errors"] else 0
+
+
+def _section(crashed: list, name: str, fn, *args):
+    """One section's measurement; an exception is recorded (and ends in exit 1), not fatal to the others."""
+    import traceback
+
+    try:
+        return fn(*args)
+    except Exception as e:
+        traceback.print_exc()
+        crashed.append({"variant": f"section {name}", "error": f"{type(e).__name__}: {e}"})
+        return None
 
 
 if __name__ == "__main__":

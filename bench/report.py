@@ -94,6 +94,18 @@ def targets(res: dict) -> pd.DataFrame:
     d100 = next((d for d in dash if d["points"] == 100_000), None)
     add("dashboard update at 100k loss points", "≤ 100 ms", f"{_f(d100['update_s'] * 1e3, '{:.0f}')} ms" if d100 else "skipped",
         d100["update_s"] <= 0.1 if d100 else None)
+    sc = res.get("step_cost")
+    if sc:
+        b, f = sc.get("ddp (plain, no checkpoint)") or {}, sc.get("torchft-lite") or {}
+        o = (1 - f["rate"] / b["rate"]) if b.get("rate") and f.get("rate") else None
+        add("per-step overhead vs plain DDP (samples/s, section 6)", "≤ 5 %", f"{_f(o * 100 if o is not None else None, '{:.1f}')} %",
+            o <= 0.05 if o is not None else None, "heartbeat rates, interleaved")
+    h = res.get("heal")
+    if h and h["heals"]:
+        best = max(x["bytes_per_s"] or 0 for x in h["heals"])
+        r = best / h["loopback"]["bytes_per_s"]
+        add("heal throughput at ~250 MB vs a loopback copy (section 7)", "≥ 0.5×", f"{r:.2f}× ({best / 1e6:,.0f} MB/s)",
+            r >= 0.5, f"load {h['loadavg_1m']:.2f}")
     s = st[st["trainer"] == "torchft-lite"]["submit_to_first_step_s"].dropna()
     add("submit → first committed step, local (torchft-lite)", "≤ 10 s",
         f"median {_f(s.median(), '{:.1f}')} s, max {_f(s.max(), '{:.1f}')} s ({len(s)} runs)" if len(s) else "–",
@@ -178,6 +190,10 @@ def write_sections(res: dict, out: Path, img: Path) -> None:
         new.append(pipeline_section(res["pipeline"]))
     if res.get("step_cost"):
         new.append(stepcost_section(res["step_cost"]))
+    if res.get("heal"):
+        from .heal import lines as heal_lines
+
+        new.append(heal_lines(res["heal"]))
     m = res["machine"]
     stamp = (f"_Section from `python -m bench{' --quick' if m['mode'] == 'quick' else ''} --only {','.join(m['only'])}`"
              f"{''.join(' --set ' + k for k in m.get('set') or [])}, started {m['started']}, load average at start "
@@ -390,6 +406,15 @@ def write(res: dict, out: Path, img: Path) -> None:
         "",
         table(st.groupby("variant")["submit_to_first_step_s"].agg(["count", "median", "min", "max"]).reset_index()),
         "",
+    ]
+    if res.get("step_cost"):
+        lines += [""] + stepcost_section(res["step_cost"])
+    if res.get("heal"):
+        from .heal import lines as heal_lines
+
+        lines += [""] + heal_lines(res["heal"])
+    lines += [
+        "",
         "## What misses its target, what bounds it, what would move it",
         "",
         NOTES,
@@ -401,14 +426,12 @@ def write(res: dict, out: Path, img: Path) -> None:
 
 
 NOTES = """\
-- **EventReader events/s.** A pyinstrument profile of one poll: ~87 % of the time is `json.loads`
-  (stdlib, one call per line), ~6 % the reader's own loop, the cross-file sort ~1 %. The reader is
-  therefore bounded by stdlib JSON decoding on one core (here a share of a busy 2-core machine, which
-  deflates every absolute figure several-fold). What would move it: parsing each file's new bytes as
-  one JSON array (measured above, ~1.3-1.7× on the same bytes, no new dependency), or `orjson`
-  (typically 3-5× over stdlib on small objects; a new dependency in `workbench/events.py`), and for the
-  dashboard, not re-reading from offset 0 (it already polls incrementally). 500k/s is not reachable
-  with stdlib `json` on this machine.
+- **EventReader events/s and `metrics()`.** The reader builds one Python dict per line (orjson), which
+  bounds it on one core. `Run.metrics()` no longer goes through dicts: `StepColumns` parses each file's
+  new bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns; what remains is the
+  parse itself (about half of a cold `metrics()`), the byte-level filter of non-step lines, and the
+  conversion to the same pandas dtypes as before (lists for nested fields). The dashboard's incremental
+  poll still needs dicts (its fold reads each event), on new bytes only.
 - **Kill → participating (fresh process).** The recovery timeline splits it: the controller notices
   the dead job and submitit starts the next attempt (~1.5-3 s), Python + torch + torchft imports in the
   new process (~2-4 s), heal (~2 s: quorum, HTTP checkpoint fetch, the healing step). Imports and
