@@ -1,11 +1,15 @@
-"""``python -m bench [--quick] [--out docs/benchmarks.md]``: run every benchmark, write the report.
+"""``python -m bench [--quick] [--out docs/benchmarks.md] [--only SECTIONS] [--set KEY=VALUE]``: run the benchmarks, write the report.
 
 Order: the fault-free comparison (torchft-lite, ddp-restart and, in full mode,
-torchft-lite without step events, interleaved), torchft-lite kill recovery
-(full mode), the kill-every-period comparison (torchft-lite and ddp-restart,
-interleaved), torchft's structured logs routed on / off (interleaved), then the
-event pipeline. The process renices itself (and so
-every run it starts) by 10: the machine is shared.
+torchft-lite without step events, interleaved; that one's window starts at its
+first heartbeat past step 0, since it writes no step events), torchft-lite kill
+recovery (full mode), the hot spare, the kill-every-period comparison
+(torchft-lite and ddp-restart, interleaved), torchft's structured logs routed
+on / off (interleaved), the per-step cost broken down against plain DDP
+(``stepcost``), heal bandwidth at ~250 MB (``heal``), then the event pipeline.
+``--only`` runs a subset and replaces only those sections of ``--out``. A run
+or section that fails is listed at the end and the exit status is 1. The
+process renices itself (and so every run it starts) by 10: the machine is shared.
 """
 
 from __future__ import annotations
