@@ -6,12 +6,15 @@ Two ways to the same DataFrame:
 - :class:`StepColumns`, the columnar read path ``Run.metrics()`` uses: each
   events file's new bytes (the reader's protocol: byte offsets, a torn last
   line left for the next read) go through pyarrow's JSON reader straight into
-  columns, step rows only, without one Python dict per line. Measured on the
-  benchmark's 50,003-event log (``bench/pipeline.py``): dicts then frame
-  ~70k events/s, pyarrow ~300k/s on this 2-core machine under load; polars'
-  ``read_ndjson`` was ~2× pyarrow but silently drops a field that first
-  appears after its inference window and coerces an int to a string where
-  a later line has one, so it was not taken.
+  columns, step rows only, without one Python dict per line. Measured on
+  the benchmark's 50,003-event log (``bench/pipeline.py``, 15 MB) on this 2-core
+  machine under load: dicts then frame ~70-110k steps/s; parse only: orjson per
+  line ~160k/s, msgspec into typed structs ~0.9M/s (but it drops fields it was
+  not told about), pyarrow (1 MiB blocks, both cores) 0.75-1M/s, polars'
+  ``read_ndjson`` 0.65-0.85M/s. Polars was not taken: it silently drops a field
+  that first appears after its inference window and turns an int into a
+  string where a later line has one; pyarrow errors instead, and an error
+  sends the chunk down the exact per-line path.
 
 A chunk pyarrow refuses (a malformed line, a diverged loss written as
 ``NaN``, a field whose type changes) is read line by line instead, exactly as
