@@ -7,7 +7,7 @@ window after its first step:
   over gloo, the same model, batch and 3 processes: the baseline;
 - ``torchft-lite``, as the demo runs it;
 - ``torchft-lite step_timing``: the same with ``torchft.step_timing: true``, whose step events carry
-  per-phase seconds (``trainers/torchft_lite.py`` ``_install_timing``): zero_grad (starts the async
+  per-phase seconds (``trainers/torchft_lite.py`` ``_install_timing``): zero_grad (+ the batch; starts the async
   quorum), forward, backward (with the gradient all-reduce hook inside: ``allreduce``, through
   torchft's ``Manager.allreduce`` and its process-group wrapper, and any ``quorum_wait``),
   optimizer step (``commit_vote``: ``should_commit``, then ``inner_step``: AdamW), ``quorum_rtt``
