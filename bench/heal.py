@@ -65,7 +65,7 @@ def measure(root, window_s: float = 60.0, at_s: float = 15.0, log=print) -> dict
     rec = run_variant(variant(at_s), window_s, root, log, startup_timeout=300.0)
     heals = [e for e in rec.events if e.get("kind") == "heal" and e.get("bytes")]
     out = {"variant": rec.variant, "loadavg_1m": rec.loadavg[0], "error": rec.error,
-           "heals": [{k: h.get(k) for k in ("replica", "attempt", "bytes", "seconds", "bytes_per_s", "interface")}
+           "heals": [{k: h.get(k) for k in ("replica", "attempt", "step", "bytes", "seconds", "bytes_per_s", "interface")}
                      for h in heals]}
     nbytes = max((h["bytes"] for h in heals), default=250_000_000)
     out["loopback"] = loopback_copy(nbytes)
@@ -82,7 +82,10 @@ def lines(h: dict) -> list[str]:
     lb = h["loopback"]
     for x in h["heals"]:
         ratio = x["bytes_per_s"] / lb["bytes_per_s"] if x.get("bytes_per_s") else None
-        out.append(f"- heal of replica {x['replica']} (attempt {x['attempt']}): {x['bytes'] / 1e6:,.0f} MB in "
+        why = ("the replacement after the kill" if x["attempt"] else
+               "full state: it joined after the others had stepped" if x["bytes"] > 0.5 * max(y["bytes"] for y in h["heals"])
+               else "at start: weights only, no optimizer state yet")
+        out.append(f"- heal of replica {x['replica']} (attempt {x['attempt']}, {why}): {x['bytes'] / 1e6:,.0f} MB in "
                    f"{_f(x['seconds'])} s = **{_f((x['bytes_per_s'] or 0) / 1e6, '{:,.0f}')} MB/s**, "
                    f"{_f(ratio)}× the loopback copy")
     if not h["heals"]:

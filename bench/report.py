@@ -195,8 +195,8 @@ def write_sections(res: dict, out: Path, img: Path) -> None:
 
         new.append(heal_lines(res["heal"]))
     m = res["machine"]
-    stamp = (f"_Section from `python -m bench{' --quick' if m['mode'] == 'quick' else ''} --only {','.join(m['only'])}`"
-             f"{''.join(' --set ' + k for k in m.get('set') or [])}, started {m['started']}, load average at start "
+    stamp = (f"_Section from `python -m bench{' --quick' if m['mode'] == 'quick' else ''} --only {','.join(m['only'])}"
+             f"{''.join(' --set ' + k for k in m.get('set') or [])}`, started {m['started']}, load average at start "
              f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}, at end "
              f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_end'])}._")
     text = out.read_text() if out.exists() else "# Benchmarks\n"

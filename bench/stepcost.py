@@ -93,6 +93,16 @@ def lines(sc: dict) -> list[str]:
     def slower(a, b):  # rate: b slower than a by
         return (1 - b["rate"] / a["rate"]) if a and b and a.get("rate") and b.get("rate") else None
 
+    by_variant: dict = {}
+    for r in sc["runs"]:
+        if r["heartbeat_rate"]:
+            by_variant.setdefault(r["variant"], []).append(r["heartbeat_rate"])
+    spread = max((max(v) / min(v) - 1 for v in by_variant.values() if len(v) > 1), default=None)
+    loads = [r["loadavg_1m"] for r in sc["runs"]]
+    if spread is not None:
+        out += [f"Noise: the same variant's runs differ by up to **{spread * 100:.0f} %** in samples/s here (load "
+                f"{min(loads):.1f}–{max(loads):.1f} on {len(loads)} runs); a difference between variants smaller than "
+                "that is not a measurement. The per-phase table (one run's own steps, each step timed) is the robust part.", ""]
     out += [
         f"- torchft-lite vs plain DDP: samples/s **{_f(_pct(slower(base, ft)))} % lower**, median step time "
         f"{_f(_pct(over(base, ft, 'step_s')))} % longer",
@@ -101,7 +111,8 @@ def lines(sc: dict) -> list[str]:
         f"- what the workbench's telemetry adds (torchft-lite vs bare): samples/s {_f(_pct(slower(bare, ft)))} % lower",
         f"- the timing mode's own cost (step_timing vs torchft-lite): median step {_f(_pct(over(ft, timed, 'step_s')))} %",
         f"- torchft's knob: Manager heartbeat every 500 ms instead of 100 ms (`torchft.heartbeat_interval_ms`), vs plain DDP: "
-        f"samples/s {_f(_pct(slower(base, sc.get(KNOB.name))))} % lower (async quorum is on in every torchft run)",
+        f"samples/s {_f(_pct(slower(base, sc.get(KNOB.name))))} % lower, vs torchft-lite at 100 ms "
+        f"{_f(_pct(slower(ft, sc.get(KNOB.name))))} % lower (async quorum is on in every torchft run)",
         "",
     ]
     if sc["phases"]:
