@@ -24,6 +24,7 @@ A chunk pyarrow refuses (a malformed line, a diverged loss written as
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 import os
@@ -86,7 +87,21 @@ class StepColumns:
         self.fallback_chunks = 0
 
     def read(self) -> int:
-        """Read every file's new complete lines; returns the number of step rows added."""
+        """Read every file's new complete lines; returns the number of step rows added.
+
+        The cyclic garbage collector is paused meanwhile: the rows' nested values (lists) are many
+        small objects that make no cycles, and collections triggered by them walked the whole heap
+        (measured: 371 → 227 ms for the benchmark's log read right after a dict-based read).
+        """
+        was_enabled = gc.isenabled()
+        gc.disable()
+        try:
+            return self._read()
+        finally:
+            if was_enabled:
+                gc.enable()
+
+    def _read(self) -> int:
         added = 0
         try:
             files = sorted(self.dir.glob("*.jsonl"))
