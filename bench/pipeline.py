@@ -207,7 +207,7 @@ def run_all(quick: bool, img_dir: Path, step_time_s: Optional[float], log=print)
         out["reader"]["alternatives"] = reader_alternatives(run_dir)
         log("metrics(): writing the 50,003-event log")
         m_dir = make_run(root / "metrics", 50_000)
-        out["metrics"] = metrics_paths(m_dir, reps)
+        out["metrics"] = metrics_paths(m_dir, 7)
         mp = out["metrics"]
         log(f"  metrics(): old {mp['old_per_s']:,.0f}/s, columnar {mp['new_per_s']:,.0f}/s (load {mp['loadavg_1m']:.2f})")
         out["writer"] = writer_cost(root)
