@@ -208,8 +208,10 @@ def write_sections(res: dict, out: Path, img: Path) -> None:
 def replace_section(text: str, heading: str, body: str) -> str:
     lines = text.splitlines(keepends=True)
     start = next((i for i, l in enumerate(lines) if l.rstrip("\n") == heading), None)
-    if start is None:
-        at = next((i for i, l in enumerate(lines) if l.startswith("## What misses")), len(lines))
+    if start is None:  # before the first numbered section that sorts after it, else before the notes
+        key = heading.split()[1]
+        at = next((i for i, l in enumerate(lines) if l.startswith("## ") and (
+            l.startswith("## What misses") or (l.split()[1][:1].isdigit() and l.split()[1] > key))), len(lines))
         return "".join(lines[:at]) + body + "\n" + "".join(lines[at:])
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     return "".join(lines[:start]) + body + "\n" + "".join(lines[end:])
