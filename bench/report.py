@@ -431,7 +431,7 @@ NOTES = """\
 - **EventReader events/s and `metrics()`.** The reader builds one Python dict per line (orjson), which
   bounds it on one core. `Run.metrics()` no longer goes through dicts: `StepColumns` parses each file's
   new bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns; what remains is the
-  parse itself (about half of a cold `metrics()`), the byte-level filter of non-step lines, and the
+  parse itself (most of a cold `metrics()`: 125 of 155 ms in section 4), the byte-level filter of non-step lines, and the
   conversion to the same pandas dtypes as before (lists for nested fields). The dashboard's incremental
   poll still needs dicts (its fold reads each event), on new bytes only.
 - **Kill → participating (fresh process).** The recovery timeline splits it: the controller notices
@@ -447,6 +447,23 @@ NOTES = """\
   torchft and warming AdamW, all on 2 shared cores: the imports of 3-4 processes at once bound it.
   Importing once and forking replicas (or a pre-started worker pool) would move it; on a quiet machine
   with a core per process it is the single-process import time (~3-5 s).
+- **Per-step overhead vs plain DDP (section 6).** Timed per phase inside torchft-lite steps
+  (`torchft.step_timing`, median step ~31 ms on this loaded 2-core machine): the gradient all-reduce
+  through torchft's `Manager.allreduce` and its process-group wrapper ~12 ms mean (~39 %; plain DDP
+  all-reduces too, over gloo directly; its own share is not timed), the commit vote (`should_commit`,
+  an RPC to the group's manager server) ~2.3 ms (~7 %), waiting on the async quorum ~1.3 ms (~4 %),
+  `zero_grad` (joining the previous quorum future, submitting the next, making the batch) ~2.3 ms.
+  What the workbench adds after the step (commit record, loss, checksum every 10 steps, the event
+  write) is ~0.5 ms mean (~1.6 %): cutting it cannot reach 5 %. torchft's DDP wrapper also waits on
+  each bucket's all-reduce inside its hook and runs with `find_unused_parameters=True`; its quorum
+  round trip (~8 ms) overlaps the forward pass but shares the two cores with it. A 500 ms Manager
+  heartbeat (instead of 100 ms) was within the run-to-run noise. What would move it: fewer
+  synchronisations (LocalSGD / DiLoCo) rather than a cheaper per-step one.
+- **Heal at ~250 MB (section 7).** A replacement's heal of 262 MB ran at ~0.8 GB/s, about a third of a
+  raw loopback TCP copy (~2.5 GB/s). The heal's seconds are torchft's `HTTPTransport.recv_checkpoint`:
+  one HTTP stream (`num_chunks=0` in `trainers/torchft_lite.py`) plus deserialising the state dict.
+  What would move it (not measured here): torchft's chunked transfer (`num_chunks > 0`, its anchor:
+  12 GB in ~3 s) or its process-group transport.
 - **Useful throughput vs checkpoint-restart.** The checkpoint-restart job loses restart time (the same
   process start and imports, for every rank) plus half a checkpoint period of redone work per fault;
   torchft loses about one group's absence divided by the number of groups. The break-even section turns
