@@ -38,3 +38,30 @@ def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_ma
     pd.testing.assert_frame_equal(more, metrics_frame(EventReader(copy).poll()))
     assert more["step"].iloc[-2:].tolist() == [31, 32] and math.isnan(more["loss"].iloc[-1])
     pd.testing.assert_frame_equal(wb.attach(copy).metrics(), more)
+
+
+def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp_path):
+    """A live run is read a poll at a time; fields that only some polls carry keep the dtype one read gives."""
+    from workbench import rundir
+    from workbench.events import EventWriter
+    from workbench.spec_load import load_spec
+
+    run_dir = rundir.create(tmp_path / "runs", "inc", load_spec("demo", {"faults": []}).to_dict())
+    writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="inc", replica=r, attempt=0) for r in range(3)]
+    columns = StepColumns(run_dir)
+    for step in range(1, 60):
+        for r, w in enumerate(writers):
+            fields = dict(step=step, loss=3.0 - step / 100, committed=step % 13 != 0, participating=True,
+                          participants=3, quorum_id=step // 20, step_time_s=0.01, batch_seed=[0, step, r])
+            if step % 10 == 0:
+                fields["weights"] = f"{step:016x}"
+            if step > 40:
+                fields["extra"] = step * 2
+            w.emit("heartbeat", step=step)
+            w.emit("step", **fields)
+        if step % 7 == 0:
+            columns.frame()
+    got = columns.frame()
+    expected = metrics_frame(EventReader(run_dir).poll())
+    pd.testing.assert_frame_equal(got, expected)
+    assert len(got) == 3 * 59 and columns.fallback_chunks == 0

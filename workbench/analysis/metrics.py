@@ -133,8 +133,9 @@ class StepColumns:
             if not self._chunks:
                 self._frame = _arrange(pd.DataFrame())
             else:
-                df = self._chunks[0] if len(self._chunks) == 1 else pd.concat(self._chunks, ignore_index=True, sort=False)
-                self._frame = _arrange(df)
+                df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
+                self._chunks = [df]  # a live run adds a chunk per poll: concatenate each once
+                self._frame = _arrange(df.copy(deep=False))  # _arrange adds columns; the held chunk stays as read
         return self._frame.copy(deep=False)
 
     def _parse(self, data: bytes) -> Optional[pd.DataFrame]:
@@ -179,6 +180,19 @@ class StepColumns:
             else:
                 self.skipped_lines += 1
         return pd.DataFrame(rows)
+
+
+def _concat(chunks: list[pd.DataFrame]) -> pd.DataFrame:
+    """Chunks as one frame, each object column re-inferred as the list-of-dicts constructor infers it
+    (a column of strings in one chunk and absent in another is ``str`` there, ``object`` after a concat)."""
+    from pandas.core.internals.construction import convert_object_array
+
+    df = pd.concat(chunks, ignore_index=True, sort=False)
+    obj = [c for c in df.columns if df[c].dtype == object]
+    if obj:
+        for c, arr in zip(obj, convert_object_array([df[c].to_numpy(dtype=object) for c in obj], dtype=None)):
+            df[c] = arr
+    return df
 
 
 _KIND_STEP = b'"kind": "step"'
