@@ -431,7 +431,7 @@ NOTES = """\
 - **EventReader events/s and `metrics()`.** The reader builds one Python dict per line (orjson), which
   bounds it on one core. `Run.metrics()` no longer goes through dicts: `StepColumns` parses each file's
   new bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns; what remains is the
-  parse itself (most of a cold `metrics()`: 125 of 155 ms in section 4), the byte-level filter of non-step lines, and the
+  parse itself (half or more of a cold `metrics()`: 176 of 368 ms in section 4), the byte-level filter of non-step lines, and the
   conversion to the same pandas dtypes as before (lists for nested fields). The dashboard's incremental
   poll still needs dicts (its fold reads each event), on new bytes only.
 - **Kill → participating (fresh process).** The recovery timeline splits it: the controller notices
