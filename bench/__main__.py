@@ -1,12 +1,16 @@
-"""``python -m bench [--quick] [--out docs/benchmarks.md]``: run every benchmark, write the report.
+"""``python -m bench [--quick] [--out docs/benchmarks.md] [--only SECTIONS] [--set KEY=VALUE]``: run the benchmarks, write the report.
 
 Order: the fault-free comparison (torchft-lite, ddp-restart and, in full mode,
-torchft-lite without step events, interleaved), torchft-lite kill recovery
-(full mode), the kill-every-period comparison (torchft-lite and ddp-restart,
-interleaved), torchft's structured logs routed on / off (interleaved), then the
-event pipeline, then ``ft.algorithm`` under one recorded fault trace (:mod:`bench.algorithms`, its own
-section of the report). The process renices itself (and so
-every run it starts) by 10: the machine is shared.
+torchft-lite without step events, interleaved; that one's window starts at its
+first heartbeat past step 0, since it writes no step events), torchft-lite kill
+recovery (full mode), the hot spare, the kill-every-period comparison
+(torchft-lite and ddp-restart, interleaved), torchft's structured logs routed
+on / off (interleaved), the per-step cost broken down against plain DDP
+(``stepcost``), heal bandwidth at ~250 MB (``heal``), the event pipeline, then ``ft.algorithm``
+under one recorded fault trace (``algorithms``: :mod:`bench.algorithms`, its own section of the report).
+``--only`` runs a subset and replaces only those sections of ``--out``. A run
+or section that fails is listed at the end and the exit status is 1. The
+process renices itself (and so every run it starts) by 10: the machine is shared.
 """
 
 from __future__ import annotations
@@ -20,7 +24,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import algorithms, machine, pipeline, recovery, report, sessions, torchft_logs
+from . import algorithms, heal, machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
@@ -28,10 +32,13 @@ REPO = Path(__file__).resolve().parent.parent
 # Full / quick settings: fault-free window and repetitions, kill-recovery run, kill period.
 FULL = dict(clean_window_s=30.0, clean_reps=3, writer_ab=True, recovery_window_s=75.0, recovery_every_s=12.5,
             kill_every_s=60.0, kill_window_s=180.0, checkpoint_every_s=10.0,
-            log_route_reps=3, log_route_window_s=20.0)
+            log_route_reps=3, log_route_window_s=20.0, stepcost_reps=3, stepcost_window_s=20.0)
 QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window_s=0.0, recovery_every_s=0.0,
              kill_every_s=20.0, kill_window_s=40.0, checkpoint_every_s=5.0,
-             log_route_reps=1, log_route_window_s=10.0)
+             log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0)
+
+
+SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal", "algorithms")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -39,41 +46,67 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke test: short windows, one repetition (~3-5 min)")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
     ap.add_argument("--run-root", default=None, help="where the benchmark runs go (default: a temporary folder)")
+    ap.add_argument("--only", default=None,
+                    help=f"comma-separated subset of {','.join(SECTIONS)}: run only these and replace only their "
+                         "sections of --out (the rest of the document stays as the last full run wrote it)")
+    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                    help="override one setting of the mode (e.g. clean_window_s=10, writer_ab=true)")
     args = ap.parse_args(argv)
+    only = set(args.only.split(",")) if args.only else set(SECTIONS)
+    unknown = only - set(SECTIONS)
+    if unknown:
+        ap.error(f"--only: unknown section(s) {', '.join(sorted(unknown))}; allowed: {', '.join(SECTIONS)}")
     os.nice(10)
     warnings.filterwarnings("ignore", message=".*replicas is 1.*")
-    cfg = QUICK if args.quick else FULL
+    cfg = dict(QUICK if args.quick else FULL)
+    for kv in args.set:
+        key, _, value = kv.partition("=")
+        if key not in cfg:
+            ap.error(f"--set: unknown setting {key!r}; allowed: {', '.join(cfg)}")
+        cfg[key] = json.loads(value.lower()) if value.lower() in ("true", "false") else type(cfg[key])(float(value))
     out = Path(args.out)
     img = out.parent / "img"
     img.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
     info = {**machine.describe(), "mode": "quick" if args.quick else "full", "settings": cfg,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z")}
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "only": sorted(only) if args.only else None, "set": args.set}
     print(f"bench ({info['mode']}): {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
 
+    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg = [], [], [], [], None, None, None, None
+    crashed: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
         ddp = ddp_restart(cfg["checkpoint_every_s"])
-        clean_variants = [TORCHFT, ddp] + ([TORCHFT_NO_EVENTS] if cfg["writer_ab"] else [])
-        clean = sessions.interleaved(clean_variants, cfg["clean_reps"], cfg["clean_window_s"], root)
-        kill_runs = []
-        if cfg["recovery_window_s"]:
+        if "clean" in only:
+            clean_variants = [TORCHFT, ddp] + ([TORCHFT_NO_EVENTS] if cfg["writer_ab"] else [])
+            clean = sessions.interleaved(clean_variants, cfg["clean_reps"], cfg["clean_window_s"], root)
+        if "recovery" in only and cfg["recovery_window_s"]:
             v = TORCHFT.kills(cfg["recovery_every_s"], cfg["recovery_window_s"], targets=[1, 2])
             print(f"[kill recovery] {v.name}, {cfg['recovery_window_s']:g} s window")
             kill_runs.append(sessions.run_variant(v, cfg["recovery_window_s"] + 5, root))
-        spare_window, spare_every = cfg["recovery_window_s"] or 40.0, cfg["recovery_every_s"] or 12.5
-        v = TORCHFT_SPARE.kills(spare_every, spare_window, targets=[1, 2])
-        print(f"[kill recovery, hot spare] {v.name}, {spare_window:g} s window")
-        spare_runs = [sessions.run_variant(v, spare_window + 5, root)]
-        every, window = cfg["kill_every_s"], cfg["kill_window_s"]
-        faulted = sessions.interleaved(
-            [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])], 1, window, root)
-        log_route = torchft_logs.measure(cfg["log_route_reps"], cfg["log_route_window_s"], root)
-        alg_cfg = algorithms.QUICK if args.quick else algorithms.FULL
-        alg_info = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": info["mode"], "load_start": algorithms.load()}
-        alg = {**algorithms.measure(alg_cfg, root), "settings": {k: v for k, v in alg_cfg.items() if k != "timeout_s"}}
-        alg_info["load_end"] = algorithms.load()
+        if "spare" in only:
+            spare_window, spare_every = cfg["recovery_window_s"] or 40.0, cfg["recovery_every_s"] or 12.5
+            v = TORCHFT_SPARE.kills(spare_every, spare_window, targets=[1, 2])
+            print(f"[kill recovery, hot spare] {v.name}, {spare_window:g} s window")
+            spare_runs = [sessions.run_variant(v, spare_window + 5, root)]
+        if "faulted" in only:
+            every, window = cfg["kill_every_s"], cfg["kill_window_s"]
+            faulted = sessions.interleaved(
+                [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])], 1, window, root)
+        if "log_route" in only:
+            log_route = torchft_logs.measure(cfg["log_route_reps"], cfg["log_route_window_s"], root)
+        if "stepcost" in only:
+            step_cost = _section(crashed, "stepcost", stepcost.measure, cfg["stepcost_reps"], cfg["stepcost_window_s"], root, ddp)
+        if "heal" in only:
+            print("[heal bandwidth] ~250 MB of state, one kill")
+            heal_bw = _section(crashed, "heal", heal.measure, root)
+        if "algorithms" in only:
+            alg_cfg = algorithms.QUICK if args.quick else algorithms.FULL
+            alg_info = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": info["mode"], "load_start": algorithms.load()}
+            alg = _section(crashed, "algorithms", algorithms.measure, alg_cfg, root)
+            alg_info["load_end"] = algorithms.load()
     torchft_faulted = [r for r in kill_runs + faulted if r.spec.trainer == "torchft-lite"]
+    stepping = [r for r in clean if sessions.writes_steps(r)]  # events off: only the writer A/B reads it
 
     results = {
         "machine": info,
@@ -81,21 +114,50 @@ def main(argv: list[str] | None = None) -> int:
         "spare_recoveries": recovery.kill_recoveries(spare_runs),
         "restart_recoveries": recovery.kill_recoveries([r for r in faulted if r.spec.trainer == "ddp-restart"]),
         "survivors": recovery.survivor_steps(torchft_faulted),
-        "throughput": recovery.throughputs(clean + faulted),
-        "startup": recovery.startup(clean + kill_runs + faulted),
+        "throughput": recovery.throughputs(stepping + faulted),
+        "startup": recovery.startup(stepping + kill_runs + faulted),
         "writer_ab": recovery.writer_ab(clean),
         "breakeven": report.breakeven_of(clean, faulted),
         "log_route": log_route,
+        "step_cost": step_cost,
+        "heal": heal_bw,
+        "errors": [{"variant": r.variant, "error": r.error} for r in clean + kill_runs + spare_runs + faulted if r.error]
+        + [{"variant": r["variant"], "error": r["error"]} for r in (step_cost or {}).get("runs", []) if r["error"]]
+        + ([{"variant": heal_bw["variant"], "error": heal_bw["error"]}] if heal_bw and heal_bw["error"] else [])
+        + crashed,
     }
-    ft_steps = results["throughput"].query("variant == 'torchft-lite'")["median_step_time_s"].dropna()
-    results["pipeline"] = pipeline.run_all(args.quick, img, float(ft_steps.median()) if len(ft_steps) else None)
+    if "pipeline" in only:
+        thr = results["throughput"]
+        ft_steps = thr.query("variant == 'torchft-lite'")["median_step_time_s"].dropna() if len(thr) else []
+        results["pipeline"] = pipeline.run_all(args.quick, img, float(ft_steps.median()) if len(ft_steps) else None)
     results["machine"]["loadavg_at_end"] = machine.loadavg()
     results["machine"]["bench_wall_s"] = time.time() - t_start
-    report.write(results, out, img)
-    algorithms.write_section(out, algorithms.markdown(alg, alg_info))
-    (img / "benchmarks.json").write_text(json.dumps(report.jsonable(results), indent=1, default=str))
+    if args.only:
+        report.write_sections(results, out, img)
+        name = "benchmarks-" + "-".join(sorted(only)) + ".json"
+    else:
+        report.write(results, out, img)
+        name = "benchmarks.json"
+    if alg is not None:
+        alg["settings"] = {k: v for k, v in alg_cfg.items() if k != "timeout_s"}
+        algorithms.write_section(out, algorithms.markdown(alg, alg_info))
+    (img / name).write_text(json.dumps(report.jsonable(results), indent=1, default=str))
+    for e in results["errors"]:
+        print(f"ERROR in {e['variant']}: {e['error']}")
     print(f"wrote {out} in {time.time() - t_start:.0f} s")
-    return 0
+    return 1 if results["errors"] else 0
+
+
+def _section(crashed: list, name: str, fn, *args):
+    """One section's measurement; an exception is recorded (and ends in exit 1), not fatal to the others."""
+    import traceback
+
+    try:
+        return fn(*args)
+    except Exception as e:
+        traceback.print_exc()
+        crashed.append({"variant": f"section {name}", "error": f"{type(e).__name__}: {e}"})
+        return None
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ from __future__ import annotations
 
 import statistics
 import tempfile
+
+import orjson
 import time
 from pathlib import Path
 from typing import Callable, Optional
@@ -56,6 +58,73 @@ def reader_rate(run_dir: Path, reps: int) -> dict:
         n = len(EventReader(run_dir).poll())
         times.append(time.perf_counter() - t0)
     return {"events": n, "reps": reps, "median_s": statistics.median(times), "events_per_s": n / statistics.median(times)}
+
+
+def metrics_paths(run_dir: Path, reps: int) -> dict:
+    """``Run.metrics()``'s read path, cold (a fresh reader over the whole log), old vs new, interleaved.
+
+    old: ``EventReader.poll()`` (one dict per line) then ``metrics_frame``; new: ``StepColumns`` (each
+    file's bytes into columns). Also: a warm ``frame()`` after 15 new step events (a notebook cell on a
+    live run), and the candidates measured when the path was chosen, where installed.
+    """
+    import io
+    import os
+
+    from workbench.analysis import StepColumns, metrics_frame
+
+    files = sorted((run_dir / "events").glob("*.jsonl"))
+    old, new, loads = [], [], []
+    for _ in range(reps):
+        loads.append(os.getloadavg()[0])
+        t0 = time.perf_counter()
+        a = metrics_frame(EventReader(run_dir).poll())
+        old.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        b = StepColumns(run_dir).frame()
+        new.append(time.perf_counter() - t0)
+    n = len(b)
+    same = a.equals(b)
+    events = sum(p.read_bytes().count(b"\n") for p in files)
+    cols = StepColumns(run_dir)
+    cols.frame()
+    w = EventWriter(run_dir, "replica-0.attempt-0", run="bench", replica=0, attempt=0)
+    warm = []
+    for k in range(reps):
+        for i in range(15):
+            w.emit("step", **step_fields(10_000_000 + 15 * k + i, 0))
+        t0 = time.perf_counter()
+        cols.frame()
+        warm.append(time.perf_counter() - t0)
+    w.close()
+    cands: dict = {}
+    data = [p.read_bytes() for p in files]
+    try:
+        import pyarrow.json as pj
+
+        cands["pyarrow read_json (parse only)"] = _median_s(lambda: [pj.read_json(io.BytesIO(d)) for d in data], reps)
+    except ImportError:
+        pass
+    try:
+        import polars as pl
+
+        cands["polars read_ndjson (parse only)"] = _median_s(lambda: [pl.read_ndjson(io.BytesIO(d)) for d in data], reps)
+    except ImportError:
+        cands["polars read_ndjson (parse only)"] = None
+    cands["orjson per line (dicts, no frame)"] = _median_s(
+        lambda: [orjson.loads(line) for d in data for line in d.splitlines()], reps)
+    med = statistics.median
+    return {"events": events, "step_rows": n, "reps": reps, "same_frame": same,
+            "old_s": med(old), "new_s": med(new), "old_per_s": n / med(old), "new_per_s": n / med(new),
+            "warm_s": med(warm), "loadavg_1m": med(loads), "candidates_s": cands}
+
+
+def _median_s(fn, reps: int) -> float:
+    times = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
 
 
 def writer_cost(tmp: Path, n: int = 20000) -> dict:
@@ -136,6 +205,11 @@ def run_all(quick: bool, img_dir: Path, step_time_s: Optional[float], log=print)
         log(f"  reader: {out['reader']['events_per_s']:,.0f} events/s")
         out["reader"]["profile"] = profile(lambda: EventReader(run_dir).poll(), img_dir / "profile-reader.txt")
         out["reader"]["alternatives"] = reader_alternatives(run_dir)
+        log("metrics(): writing the 50,003-event log")
+        m_dir = make_run(root / "metrics", 50_000)
+        out["metrics"] = metrics_paths(m_dir, 7)
+        mp = out["metrics"]
+        log(f"  metrics(): old {mp['old_per_s']:,.0f}/s, columnar {mp['new_per_s']:,.0f}/s (load {mp['loadavg_1m']:.2f})")
         out["writer"] = writer_cost(root)
         if step_time_s:
             w = out["writer"]

@@ -81,6 +81,11 @@ def targets(res: dict) -> pd.DataFrame:
         "goodput under kills × paired fault-free rate; see section 3")
     rd = pipe["reader"]["events_per_s"]
     add("EventReader", "≥ 500k events/s", f"{rd / 1e3:,.0f}k events/s", rd >= 500_000)
+    mp = pipe.get("metrics")
+    if mp:
+        add("`metrics()` (cold, 50,003-event log)", "≥ 1M step events/s",
+            f"{mp['new_per_s'] / 1e3:,.0f}k/s (before: {mp['old_per_s'] / 1e3:,.0f}k/s)", mp["new_per_s"] >= 1e6,
+            f"load {mp['loadavg_1m']:.2f}")
     w = pipe["writer"]
     add("EventWriter overhead on a torchft-lite step", "≤ 1 %",
         f"{_f(w.get('overhead', float('nan')) * 100, '{:.2f}')} %" if "overhead" in w else "–",
@@ -89,11 +94,127 @@ def targets(res: dict) -> pd.DataFrame:
     d100 = next((d for d in dash if d["points"] == 100_000), None)
     add("dashboard update at 100k loss points", "≤ 100 ms", f"{_f(d100['update_s'] * 1e3, '{:.0f}')} ms" if d100 else "skipped",
         d100["update_s"] <= 0.1 if d100 else None)
+    sc = res.get("step_cost")
+    if sc:
+        b, f = sc.get("ddp (plain, no checkpoint)") or {}, sc.get("torchft-lite") or {}
+        o = (1 - f["rate"] / b["rate"]) if b.get("rate") and f.get("rate") else None
+        add("per-step overhead vs plain DDP (samples/s, section 6)", "≤ 5 %", f"{_f(o * 100 if o is not None else None, '{:.1f}')} %",
+            o <= 0.05 if o is not None else None, "heartbeat rates, interleaved")
+    h = res.get("heal")
+    if h and h["heals"]:
+        best = max(x["bytes_per_s"] or 0 for x in h["heals"])
+        r = best / h["loopback"]["bytes_per_s"]
+        add("heal throughput at ~250 MB vs a loopback copy (section 7)", "≥ 0.5×", f"{r:.2f}× ({best / 1e6:,.0f} MB/s)",
+            r >= 0.5, f"load {h['loadavg_1m']:.2f}")
     s = st[st["trainer"] == "torchft-lite"]["submit_to_first_step_s"].dropna()
     add("submit → first committed step, local (torchft-lite)", "≤ 10 s",
         f"median {_f(s.median(), '{:.1f}')} s, max {_f(s.max(), '{:.1f}')} s ({len(s)} runs)" if len(s) else "–",
         s.median() <= 10 if len(s) else None)
     return pd.DataFrame(rows)
+
+
+def pipeline_section(pipe: dict) -> list[str]:
+    lines = [
+        "## 4. Event pipeline",
+        "",
+        f"- EventReader, fresh `poll()` of {pipe['reader']['events']:,} step events in 3 files: "
+        f"**{pipe['reader']['events_per_s']:,.0f} events/s** (median of {pipe['reader'].get('reps', 'several')} polls); "
+        "the dashboard's incremental poll is this reader on new bytes only (unchanged by the columnar path)",
+    ]
+    alt = pipe["reader"].get("alternatives")
+    if alt:
+        n = alt["events"]
+        lines.append(
+            f"  - same bytes, stdlib json: per line {n / alt['per_line_json_s']:,.0f}/s; one array per file "
+            f"{n / alt['one_array_json_s']:,.0f}/s; the cross-file sort alone {n / alt['sort_s']:,.0f}/s"
+        )
+    mp = pipe.get("metrics")
+    if mp:
+        lines += [
+            f"- `Run.metrics()` read path, cold, on the {mp['events']:,}-event log ({mp['step_rows']:,} step rows), "
+            f"median of {mp['reps']} interleaved, load (1 min) {mp['loadavg_1m']:.2f}: "
+            f"dicts (`EventReader.poll` + `metrics_frame`, before) **{mp['old_per_s']:,.0f} steps/s** "
+            f"({mp['old_s'] * 1e3:.0f} ms); columnar (`StepColumns`, pyarrow) **{mp['new_per_s']:,.0f} steps/s** "
+            f"({mp['new_s'] * 1e3:.0f} ms), {mp['old_s'] / mp['new_s']:.2f}× ; same DataFrame: {mp['same_frame']}",
+            f"  - warm (a notebook cell on a live run): `metrics()` after 15 new step events "
+            f"{mp['warm_s'] * 1e3:.1f} ms (parses only the new bytes; the concatenation and sort of the held rows remain)",
+            "  - candidates on the same bytes, parse only (no DataFrame), median: " + "; ".join(
+                f"{k} " + (f"{mp['step_rows'] / v:,.0f}/s ({v * 1e3:.0f} ms)" if v else "not installed")
+                for k, v in mp["candidates_s"].items()),
+        ]
+    w = pipe["writer"]
+    lines.append(
+        f"- EventWriter: one step event {w['emit_s'] * 1e6:.1f} µs; weights checksum {w['checksum_s'] * 1e3:.2f} ms every "
+        f"{w['checksum_every']} steps" + (f"; per torchft-lite step of {w['step_time_s'] * 1e3:.1f} ms: emit "
+                                          f"{w['emit_share'] * 100:.2f} % + checksum {w['checksum_share'] * 100:.2f} % = "
+                                          f"**{w['overhead'] * 100:.2f} %**" if "overhead" in w else "")
+    )
+    for d in pipe["dashboard"]:
+        if d and "skipped" in d:
+            lines.append(f"- dashboard: skipped ({d['skipped']})")
+        elif d:
+            lines.append(f"- dashboard at {d['points']:,} loss points: update + forced redraw "
+                         f"**{d['update_s'] * 1e3:.0f} ms** (max {d['update_max_s'] * 1e3:.0f} ms); first load {d['cold_s']:.2f} s")
+    return lines
+
+
+def writer_ab_section(wab: pd.DataFrame) -> list[str]:
+    """Step events on vs off, end to end: the step rate from heartbeats (which a run writes either way)."""
+    off = "torchft-lite write_events=false"
+    lines = ["## 4b. Step events on / off (telemetry overhead, end to end)", ""]
+    if not len(wab) or not (wab["variant"] == off).any():
+        return lines + ["(not measured in this run: full mode only, `writer_ab`)"]
+    r = ratio_of_medians(wab, "heartbeat_rate", "torchft-lite", off)
+    lines += [
+        "torchft-lite with `write_events: false` (no step events; heartbeats still carry the step) interleaved with "
+        "the default runs of section 3; samples/s from each run's heartbeats (step reached vs time, first 3 s skipped).",
+        "",
+        table(wab[wab["variant"].isin(["torchft-lite", off])]),
+        "",
+        f"- step rate with step events on / off: **{_f(r, '{:.3f}')}** (ratio of medians; the per-event cost is "
+        "section 4's EventWriter line)",
+    ]
+    return lines
+
+
+def write_sections(res: dict, out: Path, img: Path) -> None:
+    """Replace only the sections this (partial, ``--only``) run measured in ``out``; the rest stays as it is.
+
+    A section is a ``## `` heading and everything up to the next one; a section the document lacks is
+    inserted before "What misses its target".
+    """
+    new: list[list[str]] = []
+    if res["machine"].get("only") and "clean" in res["machine"]["only"]:
+        new.append(writer_ab_section(res["writer_ab"]))
+    if "pipeline" in res:
+        new.append(pipeline_section(res["pipeline"]))
+    if res.get("step_cost"):
+        new.append(stepcost_section(res["step_cost"]))
+    if res.get("heal"):
+        from .heal import lines as heal_lines
+
+        new.append(heal_lines(res["heal"]))
+    m = res["machine"]
+    stamp = (f"_Section from `python -m bench{' --quick' if m['mode'] == 'quick' else ''} --only {','.join(m['only'])}"
+             f"{''.join(' --set ' + k for k in m.get('set') or [])}`, started {m['started']}, load average at start "
+             f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}, at end "
+             f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_end'])}._")
+    text = out.read_text() if out.exists() else "# Benchmarks\n"
+    for sec in new:
+        text = replace_section(text, sec[0], "\n".join([sec[0], "", stamp] + sec[1:]) + "\n")
+    out.write_text(text)
+
+
+def replace_section(text: str, heading: str, body: str) -> str:
+    lines = text.splitlines(keepends=True)
+    start = next((i for i, l in enumerate(lines) if l.rstrip("\n") == heading), None)
+    if start is None:  # before the first numbered section that sorts after it, else before the notes
+        key = heading.split()[1]
+        at = next((i for i, l in enumerate(lines) if l.startswith("## ") and (
+            l.startswith("## What misses") or (l.split()[1][:1].isdigit() and l.split()[1] > key))), len(lines))
+        return "".join(lines[:at]) + body + "\n" + "".join(lines[at:])
+    end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
+    return "".join(lines[:start]) + body + "\n" + "".join(lines[end:])
 
 
 def useful_ratio(thr: pd.DataFrame) -> tuple[Optional[float], Optional[float]]:
@@ -274,47 +395,27 @@ def write(res: dict, out: Path, img: Path) -> None:
     else:
         lines.append(f"not computed: {b.get('error') if b else 'no faulted runs of both kinds'}")
     wab = res["writer_ab"]
-    lines += [
-        "",
-        "## 4. Event pipeline",
-        "",
-        f"- EventReader, fresh `poll()` of {pipe['reader']['events']:,} step events in 3 files: "
-        f"**{pipe['reader']['events_per_s']:,.0f} events/s** (median of {pipe['reader'].get('reps', 'several')} polls)",
-    ]
-    alt = pipe["reader"].get("alternatives")
-    if alt:
-        n = alt["events"]
-        lines.append(
-            f"  - same bytes, stdlib json: per line {n / alt['per_line_json_s']:,.0f}/s; one array per file "
-            f"{n / alt['one_array_json_s']:,.0f}/s; the cross-file sort alone {n / alt['sort_s']:,.0f}/s"
-        )
-    w = pipe["writer"]
-    lines.append(
-        f"- EventWriter: one step event {w['emit_s'] * 1e6:.1f} µs; weights checksum {w['checksum_s'] * 1e3:.2f} ms every "
-        f"{w['checksum_every']} steps" + (f"; per torchft-lite step of {w['step_time_s'] * 1e3:.1f} ms: emit "
-                                          f"{w['emit_share'] * 100:.2f} % + checksum {w['checksum_share'] * 100:.2f} % = "
-                                          f"**{w['overhead'] * 100:.2f} %**" if "overhead" in w else "")
-    )
-    if len(wab) and (wab["variant"] == "torchft-lite write_events=false").any():
-        r = ratio_of_medians(wab, "heartbeat_rate", "torchft-lite", "torchft-lite write_events=false")
-        lines.append(f"- end to end, step rate with step events on / off (heartbeats, interleaved): {_f(r, '{:.3f}')} "
-                     "(run-to-run noise on this machine is larger than the effect)")
-    for d in pipe["dashboard"]:
-        if d and "skipped" in d:
-            lines.append(f"- dashboard: skipped ({d['skipped']})")
-        elif d:
-            lines.append(f"- dashboard at {d['points']:,} loss points: update + forced redraw "
-                         f"**{d['update_s'] * 1e3:.0f} ms** (max {d['update_max_s'] * 1e3:.0f} ms); first load {d['cold_s']:.2f} s")
+    lines += [""] + pipeline_section(pipe)
     if res.get("log_route"):
         from .torchft_logs import lines as log_route_lines
 
         lines += log_route_lines(res["log_route"])
+    lines += [""] + writer_ab_section(wab)
     st = res["startup"]
     lines += [
         "",
         "## 5. Submit → first committed step (local)",
         "",
         table(st.groupby("variant")["submit_to_first_step_s"].agg(["count", "median", "min", "max"]).reset_index()),
+        "",
+    ]
+    if res.get("step_cost"):
+        lines += [""] + stepcost_section(res["step_cost"])
+    if res.get("heal"):
+        from .heal import lines as heal_lines
+
+        lines += [""] + heal_lines(res["heal"])
+    lines += [
         "",
         "## What misses its target, what bounds it, what would move it",
         "",
@@ -327,14 +428,12 @@ def write(res: dict, out: Path, img: Path) -> None:
 
 
 NOTES = """\
-- **EventReader events/s.** A pyinstrument profile of one poll: ~87 % of the time is `json.loads`
-  (stdlib, one call per line), ~6 % the reader's own loop, the cross-file sort ~1 %. The reader is
-  therefore bounded by stdlib JSON decoding on one core (here a share of a busy 2-core machine, which
-  deflates every absolute figure several-fold). What would move it: parsing each file's new bytes as
-  one JSON array (measured above, ~1.3-1.7× on the same bytes, no new dependency), or `orjson`
-  (typically 3-5× over stdlib on small objects; a new dependency in `workbench/events.py`), and for the
-  dashboard, not re-reading from offset 0 (it already polls incrementally). 500k/s is not reachable
-  with stdlib `json` on this machine.
+- **EventReader events/s and `metrics()`.** The reader builds one Python dict per line (orjson), which
+  bounds it on one core. `Run.metrics()` no longer goes through dicts: `StepColumns` parses each file's
+  new bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns; what remains is the
+  parse itself (half or more of a cold `metrics()`: 176 of 368 ms in section 4), the byte-level filter of non-step lines, and the
+  conversion to the same pandas dtypes as before (lists for nested fields). The dashboard's incremental
+  poll still needs dicts (its fold reads each event), on new bytes only.
 - **Kill → participating (fresh process).** The recovery timeline splits it: the controller notices
   the dead job and submitit starts the next attempt (~1.5-3 s), Python + torch + torchft imports in the
   new process (~2-4 s), heal (~2 s: quorum, HTTP checkpoint fetch, the healing step). Imports and
@@ -348,8 +447,31 @@ NOTES = """\
   torchft and warming AdamW, all on 2 shared cores: the imports of 3-4 processes at once bound it.
   Importing once and forking replicas (or a pre-started worker pool) would move it; on a quiet machine
   with a core per process it is the single-process import time (~3-5 s).
+- **Per-step overhead vs plain DDP (section 6).** Timed per phase inside torchft-lite steps
+  (`torchft.step_timing`, median step ~31 ms on this loaded 2-core machine): the gradient all-reduce
+  through torchft's `Manager.allreduce` and its process-group wrapper ~12 ms mean (~39 %; plain DDP
+  all-reduces too, over gloo directly; its own share is not timed), the commit vote (`should_commit`,
+  an RPC to the group's manager server) ~2.3 ms (~7 %), waiting on the async quorum ~1.3 ms (~4 %),
+  `zero_grad` (joining the previous quorum future, submitting the next, making the batch) ~2.3 ms.
+  What the workbench adds after the step (commit record, loss, checksum every 10 steps, the event
+  write) is ~0.5 ms mean (~1.6 %): cutting it cannot reach 5 %. torchft's DDP wrapper also waits on
+  each bucket's all-reduce inside its hook and runs with `find_unused_parameters=True`; its quorum
+  round trip (~8 ms) overlaps the forward pass but shares the two cores with it. A 500 ms Manager
+  heartbeat (instead of 100 ms) was within the run-to-run noise. What would move it: fewer
+  synchronisations (LocalSGD / DiLoCo) rather than a cheaper per-step one.
+- **Heal at ~250 MB (section 7).** A replacement's heal of 262 MB ran at ~0.8 GB/s, about a third of a
+  raw loopback TCP copy (~2.5 GB/s). The heal's seconds are torchft's `HTTPTransport.recv_checkpoint`:
+  one HTTP stream (`num_chunks=0` in `trainers/torchft_lite.py`) plus deserialising the state dict.
+  What would move it (not measured here): torchft's chunked transfer (`num_chunks > 0`, its anchor:
+  12 GB in ~3 s) or its process-group transport.
 - **Useful throughput vs checkpoint-restart.** The checkpoint-restart job loses restart time (the same
   process start and imports, for every rank) plus half a checkpoint period of redone work per fault;
   torchft loses about one group's absence divided by the number of groups. The break-even section turns
   the measured losses into the MTBF below which elastic wins.
 """
+
+
+def stepcost_section(sc: dict) -> list[str]:
+    from .stepcost import lines as stepcost_lines
+
+    return stepcost_lines(sc)

@@ -73,12 +73,16 @@ def run_variant(variant: Variant, window_s: float, run_root: Path, log=print, st
     load = os.getloadavg()
     run = wb.submit("demo", overrides)
     error = None
+    progress = _ProgressWatch()
     try:
-        run.wait_for(lambda r: analysis.max_committed_step(r._events) > 0 or r.state() in ("failed", "stopped"),
+        run.wait_for(lambda r: progress.first_t(r._events) is not None or r.state() in ("failed", "stopped"),
                      timeout=startup_timeout)
-        first = min(e["t"] for e in run._events if e.get("kind") == "step" and e.get("committed"))
-        run.wait_for(lambda r: time.time() - first >= window_s or r.state() in ("failed", "stopped", "completed"),
-                     timeout=window_s + startup_timeout)
+        first = progress.first_t(run._events)
+        if first is None:
+            error = f"run {run.id} ended ({run.state()}) before its first step"
+        else:
+            run.wait_for(lambda r: time.time() - first >= window_s or r.state() in ("failed", "stopped", "completed"),
+                         timeout=window_s + startup_timeout)
     except TimeoutError as e:
         error = str(e)
     finally:
@@ -89,6 +93,30 @@ def run_variant(variant: Variant, window_s: float, run_root: Path, log=print, st
         f"{sum(1 for e in events if e['kind'] == 'fault')} faults, {record.wall_s:.0f} s wall"
         + (f", ERROR {error}" if error else ""))
     return record
+
+
+class _ProgressWatch:
+    """When a run first made progress: its first committed ``step`` event, or, for a run that writes no
+    step events (``write_events: false``), its first ``heartbeat`` past step 0 (heartbeats carry the step
+    either way). Reads only the events it has not seen yet, so waiting costs O(new events) a poll.
+    """
+
+    def __init__(self) -> None:
+        self._seen = 0
+        self._t: Optional[float] = None
+
+    def first_t(self, events: list[dict]) -> Optional[float]:
+        for e in events[self._seen:]:
+            kind = e.get("kind")
+            if (kind == "step" and e.get("committed")) or (kind == "heartbeat" and (e.get("step") or 0) > 0):
+                self._t = e["t"] if self._t is None else min(self._t, e["t"])
+        self._seen = len(events)
+        return self._t
+
+
+def writes_steps(record: "RunRecord") -> bool:
+    """Whether the run wrote step events (the throughput, startup and recovery figures read them)."""
+    return bool(getattr(record.spec, "write_events", True))
 
 
 def _stop(run) -> None:

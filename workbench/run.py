@@ -48,6 +48,7 @@ class Run:
         self.spec: Spec = Spec.model_validate(record["spec"])
         self._reader = EventReader(self.run_dir)
         self._events: list[dict] = []
+        self._steps: Optional[analysis.StepColumns] = None
         self._lock = threading.RLock()
         self.run_state = RunState(self.spec.replicas, self.spec.steps)
         self._controller = _controller
@@ -90,9 +91,18 @@ class Run:
         return sorted(self._events, key=lambda e: e.get("t", 0.0))
 
     def metrics(self) -> pd.DataFrame:
-        """One row per replica per step attempt: step, loss, committed, timings."""
-        self.refresh()
-        return analysis.metrics_frame(self._events)
+        """One row per replica per step attempt: step, loss, committed, timings.
+
+        Read through its own columnar reader (``analysis.StepColumns``: each file's new bytes straight
+        into columns), not from the fold's dicts; the fold is refreshed too only when something
+        (a dashboard) is subscribed to it, so that a cell calling ``metrics()`` still moves the dashboard.
+        """
+        if self.run_state._subscribers:
+            self.refresh()
+        with self._lock:
+            if self._steps is None:
+                self._steps = analysis.StepColumns(self.run_dir)
+            return self._steps.frame()
 
     def state(self) -> str:
         """pending | starting | running | completed | failed | stopped, or ``lost``: the

@@ -72,6 +72,7 @@ class TorchftSpec(_Section):
     heartbeat_interval_ms: int = Field(100, ge=10, le=10_000)
     use_async_quorum: bool = True
     structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
+    step_timing: bool = False  # torchft-lite: per-phase seconds (t_<phase>_s) in each step event (bench/stepcost.py)
 
 
 ALGORITHMS = ("ddp", "localsgd", "diloco", "streaming_diloco")

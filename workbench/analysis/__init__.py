@@ -27,14 +27,14 @@ from __future__ import annotations
 from .figures import goodput_figure, timeline_figure
 from .goodput import BADPUT_PARTS, goodput
 from .goodput_vocabulary import BADPUT_TYPES, badput_by_type, badput_vocabularies
-from .metrics import STEP_COLUMNS, max_committed_step, metrics_frame
+from .metrics import STEP_COLUMNS, StepColumns, max_committed_step, metrics_frame
 from .recovery import MILESTONES, ends_process, recovery_timeline
 from .summary import counts, summary, survivor_steps
 from .useful import UsefulSteps, decided
 
 __all__ = [
-    "BADPUT_PARTS", "BADPUT_TYPES", "MILESTONES", "STEP_COLUMNS", "UsefulSteps", "badput_by_type", "badput_vocabularies", "counts",
-    "decided", "ends_process", "goodput", "goodput_figure",
+    "BADPUT_PARTS", "BADPUT_TYPES", "MILESTONES", "STEP_COLUMNS", "StepColumns", "UsefulSteps", "badput_by_type",
+    "badput_vocabularies", "counts", "decided", "ends_process", "goodput", "goodput_figure",
     "max_committed_step", "metrics_frame", "recovery_timeline", "summary", "survivor_steps", "timeline_figure",
 ]
 

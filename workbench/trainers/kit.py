@@ -45,6 +45,39 @@ class Heartbeat(threading.Thread):
         self._stopped.set()
 
 
+class StepPhases:
+    """Per-phase seconds of one training step, for a trainer's timing mode (``torchft.step_timing``).
+
+    ``timed(name, fn)`` wraps a callable so each call adds its duration to
+    ``name``; ``take()`` returns the step's totals (``t_<name>_s``) and starts
+    the next. Calls from other threads (torchft's quorum thread) add to the
+    same step. Off by default: the wrappers are only installed when asked.
+    """
+
+    def __init__(self) -> None:
+        import time
+
+        self._clock = time.perf_counter
+        self._acc: dict[str, float] = {}
+
+    def add(self, name: str, seconds: float) -> None:
+        self._acc[name] = self._acc.get(name, 0.0) + seconds
+
+    def timed(self, name: str, fn: Callable) -> Callable:
+        def wrapper(*args, **kwargs):
+            t0 = self._clock()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                self.add(name, self._clock() - t0)
+
+        return wrapper
+
+    def take(self) -> dict[str, float]:
+        acc, self._acc = self._acc, {}
+        return {f"t_{k}_s": v for k, v in acc.items()}
+
+
 def _local(tensor):
     """A DTensor's local shard, anything else as it is.
 

@@ -133,8 +133,9 @@ def run(ctx: JobContext) -> None:
         use_async_quorum=tf["use_async_quorum"] and algorithm not in ("diloco", "streaming_diloco"),
     )
     quorum_epochs.install(manager, ctx.run_dir)
+    phases = _install_timing(manager, inner_opt) if tf.get("step_timing") and algorithm == "ddp" else None
     if algorithm == "ddp":
-        ddp = DistributedDataParallel(manager, model)
+        ddp = (_timed_ddp(DistributedDataParallel, phases) if phases else DistributedDataParallel)(manager, model)
         optimizer = Optimizer(manager, inner_opt)
     writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)
 
@@ -168,15 +169,27 @@ def run(ctx: JobContext) -> None:
             optimizer.zero_grad()
             step_before = manager.current_step()
             x, y = make_batch(spec["seed"], step_before, ctx.replica, m["batch_size"], m["seq_len"], m["vocab_size"])
+            if phases:
+                t1 = time.perf_counter()
+                phases.add("zero_grad", t1 - t0)
             loss = torch.nn.functional.cross_entropy(ddp(x).flatten(0, 1), y.flatten())
+            if phases:
+                t2 = time.perf_counter()
+                phases.add("forward", t2 - t1)
             loss.backward()
+            if phases:
+                t3 = time.perf_counter()
+                phases.add("backward", t3 - t2)
             optimizer.step()
+            if phases:
+                phases.add("optimizer_step", time.perf_counter() - t3)
             if m["step_delay_s"]:
                 time.sleep(m["step_delay_s"])
             step = manager.current_step()
             dt = time.perf_counter() - t0
             beat.step = step
             if emit_steps:
+                t_wb = time.perf_counter()
                 # The vote and its quorum as torchft logged them; by hand only with the route off.
                 commit = log_handler.take_commit() if log_handler is not None else None
                 committed, quorum_id = ((commit["commit_result"], commit["quorum_id"]) if commit is not None
@@ -189,13 +202,46 @@ def run(ctx: JobContext) -> None:
                 )
                 if step % checksum_every == 0 or step >= steps:
                     fields["weights"] = weights_checksum(model.state_dict())
+                if phases:
+                    t_emit = time.perf_counter()
+                    phases.add("workbench", t_emit - t_wb)  # + the previous step's emit
+                    fields.update(phases.take())
                 writer.emit("step", **fields)
+                if phases:
+                    phases.add("workbench", time.perf_counter() - t_emit)
     except Exception as e:  # recorded, then re-raised so the job is seen to fail
         writer.emit("exit", reason="error", step=manager.current_step(), error=f"{type(e).__name__}: {e}")
         raise
     finally:
         beat.stop()
     _finish(writer, manager, model, reason, manager.current_step(), loop_t0, iterations)
+
+
+def _install_timing(manager, inner_opt):
+    """Timing mode: torchft's own calls of a step, timed where torchft makes them (instance attributes).
+
+    quorum_rtt: the async quorum on torchft's quorum thread (overlaps the forward pass); quorum_wait:
+    what the step blocked on it; commit_vote: ``should_commit``; inner_step: AdamW itself; allreduce
+    (``_timed_ddp``): the gradient hook, torchft's ``Manager.allreduce`` through its process-group
+    wrapper and the hook's wait, including any quorum wait inside it.
+    """
+    from .kit import StepPhases
+
+    phases = StepPhases()
+    manager._async_quorum = phases.timed("quorum_rtt", manager._async_quorum)
+    manager.wait_quorum = phases.timed("quorum_wait", manager.wait_quorum)
+    manager.should_commit = phases.timed("commit_vote", manager.should_commit)
+    inner_opt.step = phases.timed("inner_step", inner_opt.step)
+    return phases
+
+
+def _timed_ddp(base, phases):
+    class TimedDDP(base):
+        @staticmethod
+        def _comm_hook(state, bucket):
+            return phases.timed("allreduce", base._comm_hook)(state, bucket)
+
+    return TimedDDP
 
 
 def _finish(writer, manager, model, reason: str, step: int, loop_t0: float, iterations: int) -> None:

@@ -1,0 +1,69 @@
+"""``Run.metrics()``'s columnar read path gives the same DataFrame as the event dicts, on a real run's log."""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+
+import pandas as pd
+
+import workbench as wb
+from workbench.analysis import StepColumns, metrics_frame
+from workbench.events import EventReader
+
+
+def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_malformed_line(start_run, run_root, tmp_path):
+    run = start_run("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 30, "run_root": str(run_root)})
+    assert run.wait(timeout=240)["state"] == "completed"
+    copy = tmp_path / "copy"
+    shutil.copytree(run.run_dir, copy)
+    files = sorted((copy / "events").glob("replica-*.jsonl"))
+    with open(files[0], "ab") as f:  # a complete line that is not JSON, then a write in progress
+        f.write(b'{"t": 1.0, "kind": "step", "step": \n')
+        f.write(b'{"t": 9999999999.0, "kind": "step", "replica": 0, "st')
+    reader, columns = EventReader(copy), StepColumns(copy)
+    expected = metrics_frame(reader.poll())
+    got = columns.frame()
+    assert len(got) == sum(1 for p in files for line in p.read_text().splitlines() if '"kind": "step"' in line) - 2
+    pd.testing.assert_frame_equal(got, expected)
+    assert columns.skipped_lines == reader.skipped_lines == 1
+    assert got["t"].max() < 9999999999.0  # the torn line is not read until it is complete
+
+    with open(files[0], "ab") as f:  # the torn line completed, and a diverged loss (NaN, Python's JSON)
+        f.write(b'ep": 31, "loss": 1.0, "committed": true}\n')
+        f.write(json.dumps({"t": 9999999999.5, "kind": "step", "replica": 0, "attempt": 0, "step": 32,
+                            "loss": float("nan"), "committed": False}).encode() + b"\n")
+    more = columns.frame()
+    pd.testing.assert_frame_equal(more, metrics_frame(EventReader(copy).poll()))
+    assert more["step"].iloc[-2:].tolist() == [31, 32] and math.isnan(more["loss"].iloc[-1])
+    pd.testing.assert_frame_equal(wb.attach(copy).metrics(), more)
+
+
+def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp_path):
+    """A live run is read a poll at a time; fields that only some polls carry keep the dtype one read gives."""
+    from workbench import rundir
+    from workbench.events import EventWriter
+    from workbench.spec_load import load_spec
+
+    run_dir = rundir.create(tmp_path / "runs", "inc", load_spec("demo", {"faults": []}).to_dict())
+    writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="inc", replica=r, attempt=0) for r in range(3)]
+    columns = StepColumns(run_dir)
+    writers[0].emit("step", step=0, loss=3.0, committed=False, participating=True)  # one file, no weights yet
+    columns.frame()
+    for step in range(1, 60):
+        for r, w in enumerate(writers):
+            fields = dict(step=step, loss=3.0 - step / 100, committed=step % 13 != 0, participating=True,
+                          participants=3, quorum_id=step // 20, step_time_s=0.01, batch_seed=[0, step, r])
+            if step % 10 == 0:
+                fields["weights"] = f"{step:016x}"
+            if step > 40:
+                fields["extra"] = step * 2
+            w.emit("heartbeat", step=step)
+            w.emit("step", **fields)
+        if step % 7 == 0:
+            columns.frame()
+    got = columns.frame()
+    expected = metrics_frame(EventReader(run_dir).poll())
+    pd.testing.assert_frame_equal(got, expected)
+    assert len(got) == 3 * 59 + 1 and columns.fallback_chunks == 0
