@@ -75,6 +75,7 @@ function storeFor(model) {
     for (const draw of s.views) draw();
   });
   STORES.set(model, s);
+  model.send({ type: "ready", seq: s.seq });
   return s;
 }
 

@@ -26,9 +26,12 @@ How this one avoids both:
   current content.
 - a frontend that misses a message (one sent while its module loaded) sees
   ``prev`` ≠ its ``seq``, ignores further deltas and asks for the whole
-  content (``sync``). The kernel answers when its shell is free, and sends
-  the whole content unasked 1 s and 4 s after any state request, which
-  covers a cell that keeps the shell busy.
+  content (``sync``); a model whose module has loaded says ``ready`` with its
+  ``seq``. The kernel answers those when its shell is free, and sends the
+  whole content unasked 1 s and 4 s after any state request, which covers a
+  cell that keeps the shell busy and a run that sends nothing more (the
+  first message of a new dashboard is sent while its module loads: measured
+  lost in JupyterLab).
 """
 
 from __future__ import annotations
@@ -118,8 +121,8 @@ class LivePlot(anywidget.AnyWidget):
             state = super().get_state(key)
             if "data" in state:
                 state["data"] = copy.deepcopy(state["data"])  # serialised later, outside this lock
-        if "data" in state and getattr(self, "comm", None) is not None and hasattr(self, "_keyframe_timers"):
-            self._schedule_keyframes()
+        if "data" in state and hasattr(self, "_keyframe_timers"):
+            self._schedule_keyframes()  # also at the first open, when ``self.comm`` is not set yet
         return state
 
     def _schedule_keyframes(self) -> None:
@@ -137,7 +140,9 @@ class LivePlot(anywidget.AnyWidget):
             self.send_full()
 
     def _on_frontend(self, _widget, content, _buffers) -> None:
-        if isinstance(content, dict) and content.get("type") == "sync":
+        if not isinstance(content, dict):
+            return
+        if content.get("type") == "sync" or (content.get("type") == "ready" and content.get("seq") != self.data.get("seq")):
             self.send_full()
 
     def close(self) -> None:
