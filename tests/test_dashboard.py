@@ -205,6 +205,9 @@ def test_widget_state_for_a_reloaded_view_is_current(dashboard, writers):
     assert data["traces"]["faults"]["x"] == [50.0] and "kill replica 0 (api)" in data["traces"]["faults"]["text"][0]
     assert state["spec"]["layout"]["title"]["text"] == "loss"
     assert state["kind"] == "plot"
+    clock = json.loads(json.dumps(dashboard.clock_plot.get_state()))["data"]  # the wall-clock plots, whole
+    assert ["kill replica 0 (api)" in label for label in clock["traces"]["faults"]["text"]] == [True]
+    assert clock["traces"]["quorum size"]["x"] and len(clock["layout"]["shapes"]) == 1
 
 
 def test_each_update_sends_only_the_new_points(dashboard, writers):

@@ -23,6 +23,8 @@ JS_POINTS = f"""(name) => {{
     return t && t.x ? t.x.length : 0;
 }}"""
 
+JS_CLOCK_POINTS = JS_POINTS.replace(".wb-loss-plot", ".wb-clock-plot")
+
 # Records, for each draw of the plot, when it happened and the newest x of `name`: the time a
 # step first shows is the first draw whose last x reaches it. Installed again after each reload.
 JS_WATCH = f"""(name) => {{

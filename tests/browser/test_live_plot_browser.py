@@ -5,7 +5,8 @@ writes the steps, so it knows each one); a notebook shows its dashboard. From
 plotly's ``gd.data`` in the page: the plot comes up with the points written
 before it was displayed, gains every point written while the run is live, and
 after a page reload (kernel alive) it comes up again with all the points —
-once while the run is live (and goes on gaining points), once after it ended.
+once while the run is live (and goes on gaining points), once after it ended
+(and then the wall-clock plots come back too).
 The event → drawn latency is measured by ``bench/live_plot.py``, not here.
 """
 
@@ -15,7 +16,7 @@ import time
 
 import pytest
 
-from .live_plot_page import JS_POINTS, JS_WATCH, Feeder, make_run, notebook
+from .live_plot_page import JS_CLOCK_POINTS, JS_POINTS, JS_WATCH, Feeder, make_run, notebook
 from .test_dashboard_browser import run_all_cells, shot, wait_js
 
 pytestmark = pytest.mark.browser
@@ -80,6 +81,8 @@ def test_live_plot_appends_and_comes_back_after_reloads(lab, page):
         save_and_reload(page, lab, "live.ipynb")
         wait_points(page, final, "points after the run ended and a reload")
         assert points(page) == final and points(page, "replica 1") == final
+        # the wall-clock plots too (as an Output, this one came up blank here after such a reload)
+        wait_js(page, f"() => ({JS_CLOCK_POINTS})('quorum size') > 0", timeout_s=30, what="wall-clock plot after reload")
         shot(page, "live-plot-after-reload.png")
     finally:
         feeder.stop()

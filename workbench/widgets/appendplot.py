@@ -26,7 +26,9 @@ So one update costs O(new points + w) in the kernel (``w`` ≤ 2n / max_points,
 128 at 100k points per curve), not O(n), and O(drawn points) only at a reset.
 
 Messages (JSON): ``{"seq", "prev", "full", "xtitle", "traces": {name: {"x", "y",
-"customdata"[, "text"]}}, "tails": {name: {...}}, "reset": [names]}``. A
+"customdata"[, "text"]}}, "tails": {name: {...}}, "reset": [names][, "layout"]}``
+(``layout``: a patch over the figure's layout, kept until the next one; ``xtitle``:
+the x axis title, none to keep the layout's). A
 trace in ``reset`` (all of them when ``full``) replaces what the frontend has;
 any other is appended. ``tails`` replaces each named trace's tail. A
 frontend applies a message only if its own ``seq`` equals ``prev`` (else it
@@ -199,7 +201,10 @@ def apply(store: dict, msg: dict) -> dict:
     frontend does (``liveplot.js``), and what the kernel keeps as the widget's state for a new view."""
     if msg.get("full"):
         store["traces"], store["tails"] = {}, {}
-        store["xtitle"] = msg.get("xtitle", store.get("xtitle", "step"))
+        store["xtitle"] = msg.get("xtitle")
+        store["layout"] = msg.get("layout") or {}
+    elif "layout" in msg:
+        store["layout"] = msg["layout"] or {}
     traces, tails = store.setdefault("traces", {}), store.setdefault("tails", {})
     reset = set(msg.get("reset", ()))
     for name, pts in msg.get("traces", {}).items():
@@ -217,7 +222,8 @@ def apply(store: dict, msg: dict) -> dict:
 
 def full_message(store: dict) -> dict:
     """A message that makes any frontend's content equal to ``store`` (a copy)."""
-    return {"seq": store.get("seq", 0), "prev": None, "full": True, "xtitle": store.get("xtitle", "step"),
+    return {"seq": store.get("seq", 0), "prev": None, "full": True, "xtitle": store.get("xtitle"),
+            "layout": store.get("layout") or {},
             "traces": {n: {k: list(v) for k, v in t.items()} for n, t in store.get("traces", {}).items()},
             "tails": {n: {k: list(v) for k, v in t.items()} for n, t in store.get("tails", {}).items()},
             "reset": list(store.get("traces", {}))}

@@ -41,7 +41,6 @@ from .. import faultkinds
 from ..analysis.figures import readable
 from .appendplot import PlotFeed
 from .liveplot import LivePlot, plotly_lib
-from .plot import plot_bundle
 from .state import STATES, DashboardState
 from .timeline import GRID_MIN_GROUPS, STATE_COLORS, Replay, Snapshot, Timeline, cells
 from .updater import Updater, active
@@ -100,6 +99,17 @@ def _live_spec(fig: go.Figure) -> dict:
     spec = json.loads(pio.to_json(fig, validate=False))
     traces = [{k: v for k, v in t.items() if k not in ("x", "y", "customdata", "text")} for t in spec["data"]]
     return {"layout": spec["layout"], "traces": traces, "config": {"displaylogo": False, "responsive": True}}
+
+
+def _plain(v):
+    """A plotly JSON array as a list (plotly's JSON writes numeric arrays as base64 ``bdata``)."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return v
 
 
 def _bytes(n: Optional[float]) -> str:
@@ -319,8 +329,8 @@ class Dashboard(w.VBox):
         self.clock.update_yaxes(title_text="queue", rangemode="tozero", row=3, col=1)
         self.clock.update_xaxes(title_text="wall time since first event (s)", row=3, col=1)
         readable(self.clock)
-        self.clock_output = w.Output(layout=w.Layout(width="100%", min_height="460px"))
-        self.clock_box = w.Box([self.clock_output], layout=w.Layout(width="100%")).add_class("wb-clock-plot")
+        self.clock_plot = LivePlot(_live_spec(self.clock), layout=w.Layout(width="100%", min_height="460px"))
+        self.clock_box = w.Box([plotly_lib(), self.clock_plot], layout=w.Layout(width="100%")).add_class("wb-clock-plot")
         self.backlog_panel = w.HTML().add_class("wb-backlog")
         self.scrubber = w.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.5, description="replay at",
                                       continuous_update=True, readout_format=".0f",
@@ -369,7 +379,13 @@ class Dashboard(w.VBox):
                                       line=dict(color="rgba(213,0,0,0.35)", width=1)) for m in faults]
             if self.replay is not None:
                 fig.layout.xaxis3.range = [0, self.replay.end - self.replay.start]
-        self.clock_output.outputs = plot_bundle(fig, alt="throughput, quorum and dead groups over time")
+        # Shown whole (it is small and redrawn at most every plot_every s), through a LivePlot rather
+        # than an Output: in JupyterLab an ended run's Output plot came up blank after a reload.
+        shown = json.loads(pio.to_json(fig, validate=False))
+        self.clock_plot.show(
+            {t["name"]: {k: _plain(t[k]) for k in ("x", "y", "text") if k in t} for t in shown["data"]},
+            {"shapes": shown["layout"].get("shapes", []),
+             **({"xaxis3": {"range": shown["layout"]["xaxis3"]["range"]}} if self.replay is not None else {})})
         self._clock_plotted_at = time.monotonic()
 
     def _start_replay(self) -> None:

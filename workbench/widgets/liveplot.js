@@ -34,7 +34,10 @@ function applyMsg(s, msg) {
   if (msg.full) {
     s.traces = {};
     s.tails = {};
-    s.xtitle = msg.xtitle || s.xtitle;
+    s.xtitle = msg.xtitle || null;
+    s.layout = msg.layout || {};
+  } else if ("layout" in msg) {
+    s.layout = msg.layout || {};
   }
   const reset = new Set(msg.reset || []);
   for (const [name, pts] of Object.entries(msg.traces || {})) {
@@ -54,7 +57,7 @@ const STORES = new WeakMap();
 function storeFor(model) {
   let s = STORES.get(model);
   if (s) return s;
-  s = { seq: 0, xtitle: "step", traces: {}, tails: {}, views: new Set(), askedAt: -Infinity, updates: 0 };
+  s = { seq: 0, xtitle: null, layout: {}, traces: {}, tails: {}, views: new Set(), askedAt: -Infinity, updates: 0 };
   const data = model.get("data") || {};
   applyMsg(s, { ...data, full: true, reset: Object.keys(data.traces || {}), seq: data.seq || 0 });
   model.on("msg:custom", (msg) => {
@@ -95,9 +98,19 @@ function figureData(s, spec) {
   });
 }
 
+function merged(base, patch) {
+  const out = { ...base };
+  for (const [k, v] of Object.entries(patch || {})) {
+    const plain = (x) => x && typeof x === "object" && !Array.isArray(x);
+    out[k] = plain(v) && plain(base[k]) ? merged(base[k], v) : v;
+  }
+  return out;
+}
+
 function layoutFor(s, spec) {
-  const layout = { ...(spec.layout || {}), datarevision: s.seq };
-  layout.xaxis = { ...(layout.xaxis || {}), title: { ...((layout.xaxis || {}).title || {}), text: s.xtitle } };
+  const layout = merged(spec.layout || {}, s.layout || {});
+  layout.datarevision = s.seq;
+  if (s.xtitle) layout.xaxis = merged(layout.xaxis || {}, { title: { text: s.xtitle } });
   return layout;
 }
 

@@ -92,7 +92,8 @@ class LivePlot(anywidget.AnyWidget):
     def __init__(self, spec: dict, **kwargs) -> None:
         self._lock = threading.RLock()
         self._keyframe_timers: list[threading.Timer] = []
-        super().__init__(spec=spec, data={"seq": 0, "xtitle": "step", "traces": {}, "tails": {}}, **kwargs)
+        super().__init__(spec=spec, data={"seq": 0, "xtitle": None, "layout": {}, "traces": {}, "tails": {}},
+                         **kwargs)
         self.on_msg(self._on_frontend)
         self.pushes = 0
         self.syncs_sent = 0
@@ -103,6 +104,14 @@ class LivePlot(anywidget.AnyWidget):
             apply(self.data, msg)
             self.pushes += 1
             self.send({"type": "update", **msg})
+
+    def show(self, traces: dict[str, dict], layout: Optional[dict] = None) -> None:
+        """Replace the whole content: ``traces`` by name (``{"x", "y"[, "customdata", "text"]}``, lists)
+        and a ``layout`` patch over the spec's. For a figure that is redrawn whole (the wall-clock plots)."""
+        with self._lock:
+            seq = int(self.data.get("seq", 0)) + 1
+            self.push({"seq": seq, "prev": seq - 1, "full": True, "xtitle": None, "layout": layout or {},
+                       "traces": traces, "tails": {}, "reset": list(traces)})
 
     def send_full(self) -> None:
         """Send the whole content: any frontend's store becomes the kernel's."""
