@@ -9,7 +9,8 @@
    (``PlotFeed`` + ``LivePlot.push``, plus ``json.dumps`` of what it sends, as
    the kernel's session does) against today's path measured in the same run
    (decimate every curve, refill a ``go.Figure``, ``plot_bundle`` into an
-   ``Output`` and serialise its state), interleaved. Median and p95.
+   ``Output`` and serialise its state), interleaved. Median and p95. Also the
+   rare whole re-send, timed as an x-axis change (which renders the dashboard).
 2. Browser: a real JupyterLab and Debian's chromium (``tests/browser``'s
    harness), a notebook showing the dashboard of a run directory that this
    process feeds with ``--per-s`` steps per second for ``--browser-s`` seconds;
@@ -119,9 +120,15 @@ def kernel_side(points: int = 100_000, reps: int = 200) -> dict:
                 times[name].append(time.perf_counter() - t0)
             if k % 50 == 0:
                 loads.append(os.getloadavg()[0])
+        full = []  # the rare whole re-send (a curve doubled, or the x axis changed), timed by changing x
+        for k in range(20):
+            t0 = time.perf_counter()
+            d.x_toggle.value = "time" if k % 2 == 0 else "step"
+            full.append(time.perf_counter() - t0)
         total = d.state.total_points()
         d.stop()
     return {"points": total, "reps": reps, **{k: _summary(v) for k, v in times.items()},
+            "full_resend": _summary(full),
             "ratio_median": statistics.median(times["whole_figure"]) / statistics.median(times["appending"]),
             "sent_bytes_median": statistics.median(sent_json), "load_1min": statistics.mean(loads)}
 
@@ -187,24 +194,28 @@ def run(points: int = 100_000, reps: int = 200, browser_s: float = 30.0, per_s: 
     return out
 
 
-def _print(result: dict) -> None:
+def report_lines(result: dict) -> list[str]:
+    """The figures as lines of text (for a report)."""
+    lines = []
     k = result["kernel_side"]
-    print(f"loss plot update at {k['points']:,} points (n={k['reps']}, load {k['load_1min']:.2f}): "
+    lines.append(f"loss plot update at {k['points']:,} points (n={k['reps']}, load {k['load_1min']:.2f}): "
           f"appending median {k['appending']['median_ms']:.2f} ms, p95 {k['appending']['p95_ms']:.2f} ms; "
           f"whole figure median {k['whole_figure']['median_ms']:.1f} ms, p95 {k['whole_figure']['p95_ms']:.1f} ms "
-          f"({k['ratio_median']:.0f}x); sent {k['sent_bytes_median']:.0f} B per update")
+          f"({k['ratio_median']:.0f}x); sent {k['sent_bytes_median']:.0f} B per update; a whole re-send "
+          f"(x axis changed, a curve doubled; whole dashboard render) median {k['full_resend']['median_ms']:.1f} ms")
     for key in ("browser_fresh", "browser_long"):
         b = result.get(key)
         if not b:
             continue
         if "skipped" in b:
-            print(f"{key}: skipped ({b['skipped']})")
+            lines.append(f"{key}: skipped ({b['skipped']})")
             continue
         e = b["event_to_drawn"]
-        print(f"{key} ({b['prefilled_points']:,} points before, {b['steps_written']} steps at {b['per_s']}/s, "
+        lines.append(f"{key} ({b['prefilled_points']:,} points before, {b['steps_written']} steps at {b['per_s']}/s, "
               f"load {b['load_1min_start']:.2f}→{b['load_1min_end']:.2f}): event → drawn median "
               f"{e['median_ms']:.0f} ms, p95 {e['p95_ms']:.0f} ms, max {e['max_ms']:.0f} ms (n={e['n']}); "
               f"{b['draws_per_s']:.2f} draws/s")
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -218,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO))
     result = run(args.points, args.reps, args.browser_s, args.per_s, browser=not args.no_browser)
-    _print(result)
+    print("\n".join(report_lines(result)))
     if args.out:
         Path(args.out).write_text(json.dumps(result, indent=2))
     return 0
