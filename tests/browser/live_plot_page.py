@@ -23,6 +23,13 @@ JS_POINTS = f"""(name) => {{
     return t && t.x ? t.x.length : 0;
 }}"""
 
+# Whether each live plot is as wide as its box (plotly draws 700 px wide in a div not yet laid out).
+JS_PLOTS_FILL = """() => [...document.querySelectorAll('.wb-loss-plot, .wb-clock-plot')].map(box => {
+    const gd = box.querySelector('.js-plotly-plot');
+    return !!gd && gd._fullLayout && Math.abs(gd._fullLayout.width - gd.clientWidth) <= 2
+        && gd.clientWidth >= 0.9 * box.clientWidth;
+}).every(Boolean)"""
+
 JS_CLOCK_POINTS = JS_POINTS.replace(".wb-loss-plot", ".wb-clock-plot")
 
 # Records, for each draw of the plot, when it happened and the newest x of `name`: the time a

@@ -16,7 +16,7 @@ import time
 
 import pytest
 
-from .live_plot_page import JS_CLOCK_POINTS, JS_POINTS, JS_WATCH, Feeder, make_run, notebook
+from .live_plot_page import JS_CLOCK_POINTS, JS_PLOTS_FILL, JS_POINTS, JS_WATCH, Feeder, make_run, notebook
 from .test_dashboard_browser import run_all_cells, shot, wait_js
 
 pytestmark = pytest.mark.browser
@@ -55,6 +55,7 @@ def test_live_plot_appends_and_comes_back_after_reloads(lab, page):
     try:
         wait_points(page, 40, "first render", timeout_s=120)
         assert points(page, "replica 1") == 40
+        wait_js(page, JS_PLOTS_FILL, timeout_s=10, what="plots as wide as their box")
 
         # live: every step written shows, point by point (one per step: no decimation below 1500)
         page.evaluate(JS_WATCH, "replica 0")
@@ -83,6 +84,7 @@ def test_live_plot_appends_and_comes_back_after_reloads(lab, page):
         assert points(page) == final and points(page, "replica 1") == final
         # the wall-clock plots too (as an Output, this one came up blank here after such a reload)
         wait_js(page, f"() => ({JS_CLOCK_POINTS})('quorum size') > 0", timeout_s=30, what="wall-clock plot after reload")
+        wait_js(page, JS_PLOTS_FILL, timeout_s=10, what="plots as wide as their box after a reload")
         shot(page, "live-plot-after-reload.png")
     finally:
         feeder.stop()

@@ -114,6 +114,19 @@ function layoutFor(s, spec) {
   return layout;
 }
 
+function laidOut(div) {
+  return new Promise((resolve) => {
+    if (div.isConnected && div.clientWidth > 0) return resolve();
+    const seen = new ResizeObserver(() => {
+      if (div.isConnected && div.clientWidth > 0) {
+        seen.disconnect();
+        resolve();
+      }
+    });
+    seen.observe(div);
+  });
+}
+
 async function renderPlot(model, el) {
   const spec = model.get("spec") || {};
   const s = storeFor(model);
@@ -126,8 +139,19 @@ async function renderPlot(model, el) {
   note.textContent = "loading plotly.js …";
   el.append(note, div);
   const Plotly = await plotlyHolder().promise;
+  // Plotly takes the div's width when it first draws, 700 px if the div is not laid out yet (a view
+  // rendered before it is attached: seen in Voila after a reload), and follows only window resizes.
+  await laidOut(div);
   note.remove();
   await Plotly.newPlot(div, figureData(s, spec), layoutFor(s, spec), spec.config || {});
+  let width = div.clientWidth;
+  const resized = new ResizeObserver(() => {
+    if (div.clientWidth > 0 && div.clientWidth !== width) {
+      width = div.clientWidth;
+      Plotly.Plots.resize(div);
+    }
+  });
+  resized.observe(div);
   let queued = false;
   const draw = () => {
     if (queued) return;
@@ -141,6 +165,7 @@ async function renderPlot(model, el) {
   draw(); // anything that arrived while plotly.js loaded
   return () => {
     s.views.delete(draw);
+    resized.disconnect();
     Plotly.purge(div);
   };
 }
