@@ -87,12 +87,14 @@ def test_loss_traces_follow_step_events(dashboard, writers):
         for r in range(3):
             writers.step(r, s)
     dashboard.update()
-    fig = dashboard.figure
+    plot = dashboard.loss_plot
     for r in range(3):
-        assert list(fig.data[r].x) == list(range(1, 11))
-        assert fig.data[r].y[-1] == pytest.approx(5.0 / 11 + 0.01 * r)
-        assert list(fig.data[r].customdata) == list(range(1, 11))
-        assert "replica" in fig.data[r].hovertemplate and "loss" in fig.data[r].hovertemplate
+        drawn = plot.drawn(f"replica {r}")
+        assert drawn["x"] == list(range(1, 11))
+        assert drawn["y"][-1] == pytest.approx(5.0 / 11 + 0.01 * r)
+        assert drawn["customdata"] == list(range(1, 11))
+        style = plot.spec["traces"][r]
+        assert style["name"] == f"replica {r}" and "replica" in style["hovertemplate"] and "loss" in style["hovertemplate"]
     assert tile_states(dashboard) == {0: "participating", 1: "participating", 2: "participating"}
     assert dashboard.progress.value == 10 and dashboard.progress.max == 100
     assert "data-replica='1' data-state='participating'" in dashboard.tiles.value
@@ -103,8 +105,8 @@ def test_loss_traces_follow_step_events(dashboard, writers):
     t_first = min(e["t"] for e in written)
     replica0 = [e["t"] - t_first for e in written if e["kind"] == "step" and e.get("replica") == 0]
     dashboard.x_toggle.value = "time"
-    assert list(fig.data[0].x) == pytest.approx(replica0, abs=1e-6)
-    assert fig.layout.xaxis.title.text.startswith("wall time")
+    assert plot.drawn("replica 0")["x"] == pytest.approx(replica0, abs=1e-6)
+    assert plot.data["xtitle"].startswith("wall time")
 
 
 def test_kill_dead_restart_heal_participate_with_markers(dashboard, writers):
@@ -117,10 +119,9 @@ def test_kill_dead_restart_heal_participate_with_markers(dashboard, writers):
     writers.control.emit("fault", action="kill", target=1, pid=12345, origin="button")
     dashboard.update()
     assert tile_states(dashboard)[1] == "dead"
-    faults = dashboard.figure.data[dashboard._marker_trace["fault"]]
-    assert list(faults.x) == [20.0] and "kill replica 1 (button)" in faults.text[0]
-    ckpt = dashboard.figure.data[dashboard._marker_trace["checkpoint"]]
-    assert list(ckpt.x) == [20.0]
+    faults = dashboard.loss_plot.drawn("faults")
+    assert faults["x"] == [20.0] and "kill replica 1 (button)" in faults["text"][0]
+    assert dashboard.loss_plot.drawn("checkpoints")["x"] == [20.0]
     assert dashboard.state.checkpoints[0]["bytes"] == 4096
 
     writers.step(1, 21)  # a straggler of the dead attempt must not revive the tile
@@ -140,8 +141,7 @@ def test_kill_dead_restart_heal_participate_with_markers(dashboard, writers):
     writers.step(1, 24, attempt=1, committed=False, participating=False, participants=3, quorum_id=3)
     dashboard.update()
     assert tile_states(dashboard)[1] == "healing"
-    heals = dashboard.figure.data[dashboard._marker_trace["heal"]]
-    assert list(heals.x) == [24.0]
+    assert dashboard.loss_plot.drawn("heals")["x"] == [24.0]
     assert dashboard.state.heals[-1]["from"] == 0 and "200.0 kB" in dashboard.heal_panel.value  # decimal, as the CLI
 
     writers.step(1, 25, attempt=1, participants=3, quorum_id=3)
@@ -181,30 +181,50 @@ def test_hang_resume_and_finish(dashboard, writers):
     assert "data-run-state='completed'" in dashboard.header.value
 
 
-def decoded(value):
-    """A plotly JSON array: a list, or a base64 typed array ``{"dtype", "bdata"}``."""
-    if isinstance(value, dict) and "bdata" in value:
-        import base64
-
-        return np.frombuffer(base64.b64decode(value["bdata"]), dtype=value["dtype"]).tolist()
-    return list(value)
+def sent_messages(widget):
+    """Record what ``widget.send`` ships to the frontends (the comm's content), in order."""
+    sent = []
+    original = widget.send
+    widget.send = lambda content, buffers=None: (sent.append(json.loads(json.dumps(content))), original(content, buffers))
+    return sent
 
 
 def test_widget_state_for_a_reloaded_view_is_current(dashboard, writers):
-    """A frontend that attaches later (reload, Voila) is sent the Output's state: the current figure."""
+    """A frontend that attaches later (reload, Voila) is sent the widget's state: the current content."""
     writers.start(0)
     dashboard.update()
     for s in range(1, 51):
         writers.step(0, s)
     writers.control.emit("fault", action="kill", target=0, pid=1, origin="api")
     dashboard.update()
-    (output,) = dashboard.plot_output.get_state()["outputs"]  # what a new frontend is sent
-    plot = output["data"]["application/vnd.plotly.v1+json"]
-    traces = {t["name"]: t for t in plot["data"]}
-    assert decoded(traces["replica 0"]["x"]) == list(range(1, 51))
-    assert decoded(traces["replica 0"]["y"])[-1] == pytest.approx(5.0 / 51)
-    assert decoded(traces["faults"]["x"]) == [50.0] and "kill replica 0 (api)" in traces["faults"]["text"][0]
-    assert plot["layout"]["title"]["text"] == "loss"
+    state = json.loads(json.dumps(dashboard.loss_plot.get_state()))  # what a new frontend is sent
+    data = state["data"]
+    main, tail = data["traces"]["replica 0"], data["tails"].get("replica 0", {"x": []})
+    assert main["x"] + tail["x"] == list(range(1, 51))
+    assert (main["y"] + tail.get("y", []))[-1] == pytest.approx(5.0 / 51)
+    assert data["traces"]["faults"]["x"] == [50.0] and "kill replica 0 (api)" in data["traces"]["faults"]["text"][0]
+    assert state["spec"]["layout"]["title"]["text"] == "loss"
+    assert state["kind"] == "plot"
+    clock = json.loads(json.dumps(dashboard.clock_plot.get_state()))["data"]  # the wall-clock plots, whole
+    assert ["kill replica 0 (api)" in label for label in clock["traces"]["faults"]["text"]] == [True]
+    assert clock["traces"]["quorum size"]["x"] and len(clock["layout"]["shapes"]) == 1
+
+
+def test_each_update_sends_only_the_new_points(dashboard, writers):
+    writers.start(0)
+    for s in range(1, 21):
+        writers.step(0, s)
+    dashboard.update()
+    sent = sent_messages(dashboard.loss_plot)
+    writers.step(0, 21)
+    writers.step(0, 22)
+    dashboard.update()
+    (msg,) = sent
+    assert msg["type"] == "update" and not msg["full"] and msg["reset"] == []
+    assert msg["traces"] == {"replica 0": {"x": [21.0, 22.0], "y": [pytest.approx(5.0 / 22), pytest.approx(5.0 / 23)],
+                                           "customdata": [21.0, 22.0]}}
+    dashboard.update()  # nothing new: nothing sent
+    assert len(sent) == 1
 
 
 def test_plot_is_drawn_before_the_dashboard_is_displayed(run_dir, writers):
@@ -213,8 +233,7 @@ def test_plot_is_drawn_before_the_dashboard_is_displayed(run_dir, writers):
         writers.step(0, s)
     d = Dashboard(run_dir, start=False)
     try:
-        (output,) = d.plot_output.outputs
-        assert decoded(output["data"]["application/vnd.plotly.v1+json"]["data"][0]["x"]) == [1, 2, 3, 4, 5]
+        assert d.loss_plot.get_state()["data"]["traces"]["replica 0"]["x"] == [1, 2, 3, 4, 5]
     finally:
         d.stop()
 
@@ -246,14 +265,17 @@ def test_update_with_100k_loss_points_is_fast(run_dir, writers):
         assert points_before >= 100_000
         first = d.last_update_s
         for r in range(3):
-            assert len(d.figure.data[r].x) <= d.max_points + 4
-        times = []
+            assert len(d.loss_plot.drawn(f"replica {r}")["x"]) <= d.max_points + 3
+        times, sent = [], sent_messages(d.loss_plot)
         for s in range(n_per_replica + 1, n_per_replica + 11):
             for r in range(3):
                 writers.step(r, s)
             t0 = time.perf_counter()
             d.update()
             times.append(time.perf_counter() - t0)
+        # each message carries the tail and at most one new bucket per curve, never the curve again
+        assert len(sent) == 10 and all(not m["full"] and not m["reset"] for m in sent)
+        assert max(len(t["x"]) for m in sent for t in list(m["traces"].values()) + list(m["tails"].values())) <= 3
         median = sorted(times)[len(times) // 2]
         print(f"\n100k loss points: first update (parse+fold+draw) {first * 1000:.0f} ms, "
               f"incremental update median {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms")
@@ -263,7 +285,7 @@ def test_update_with_100k_loss_points_is_fast(run_dir, writers):
         # lines (here ~1 %; a tenth leaves room for a loaded machine, where both slow down alike).
         assert d.state.total_points() == points_before + 30
         assert median < first / 10, (median, first)
-        assert d.figure.data[0].customdata[-1] == n_per_replica + 10
+        assert d.loss_plot.drawn("replica 0")["customdata"][-1] == n_per_replica + 10
     finally:
         d.stop()
 
@@ -275,7 +297,7 @@ def test_updater_thread_follows_events_and_a_rerun_replaces_it(run_dir, writers)
         writers.start(0)
         writers.step(0, 1)
         wait_until(lambda: first.state.tiles[0].state == "participating", what="the thread to fold events")
-        wait_until(lambda: list(first.figure.data[0].x) == [1.0], what="the plot to gain the point")
+        wait_until(lambda: first.loss_plot.drawn("replica 0").get("x") == [1.0], what="the plot to gain the point")
 
         second = Dashboard(run_dir)  # re-running the cell
         try:
@@ -328,8 +350,7 @@ def test_kill_button_kills_the_replica_of_a_real_run(real_run):
                 & (fault_events["target"] == 1)).any()
         wait_until(lambda: d.state.tiles[1].state == "dead" or d.state.tiles[1].attempt >= 1,
                    timeout=10, what="the tile to show the kill")
-        markers = d.figure.data[d._marker_trace["fault"]]
-        wait_until(lambda: len(markers.x) >= 1, timeout=5, what="a fault marker")
+        wait_until(lambda: len(d.loss_plot.drawn("faults").get("x", [])) >= 1, timeout=5, what="a fault marker")
         wait_until(lambda: d.state.tiles[1].attempt >= 1 and d.state.tiles[1].state == "participating",
                    timeout=120, poll=0.2, what="replica 1 to be relaunched and rejoin")
     finally:
@@ -394,6 +415,6 @@ def test_a_diverged_loss_is_marked_on_the_plot_and_the_tile(tmp_path):
     d = Dashboard(run_dir, start=False)
     assert "data-replica='0' data-state='participating' data-attempt='0' data-step='4' data-diverged='3'" in d.tiles.value
     assert "diverged at step 3" in d.tiles.value and "data-diverged=''" in d.tiles.value  # replica 1 did not
-    diverged = d.figure.data[d._marker_trace["diverged"]]
-    assert list(diverged.customdata) == [3.0] and list(diverged.y) == [2.5]
+    diverged = d.loss_plot.drawn("diverged")
+    assert diverged["customdata"] == [3.0] and diverged["y"] == [2.5]
     assert wb.attach(run_dir).status()["replicas"]["0"]["diverged_at"] == 3

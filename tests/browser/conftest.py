@@ -12,6 +12,7 @@ off in the user settings.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
@@ -76,11 +77,9 @@ class Lab:
         return f"{self.url}/lab/tree/{name}?token={self.token}"
 
 
-@pytest.fixture
-def lab(tmp_path):
-    reason = _missing()
-    if reason:
-        pytest.skip(reason)
+@contextlib.contextmanager
+def running_lab(tmp_path: Path):
+    """A JupyterLab as the fixture ``lab`` describes, stopped by PID on exit (the benchmark uses it too)."""
     root = tmp_path / "lab"
     root.mkdir()
     home = tmp_path / "home"
@@ -129,6 +128,15 @@ def lab(tmp_path):
         _stop(proc)
         ARTIFACTS.mkdir(exist_ok=True)
         shutil.copy(log, ARTIFACTS / "jupyter-lab.log")
+
+
+@pytest.fixture
+def lab(tmp_path):
+    reason = _missing()
+    if reason:
+        pytest.skip(reason)
+    with running_lab(tmp_path) as running:
+        yield running
 
 
 @pytest.fixture

@@ -41,6 +41,7 @@ import pytest
 from workbench.events import EventWriter
 
 from .conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, _free_port, _missing, _stop
+from .live_plot_page import JS_PLOTS_FILL
 from .test_dashboard_browser import JS_TRACE_LEN, shot, wait_js
 
 pytestmark = pytest.mark.browser
@@ -262,6 +263,7 @@ def test_classroom_page_live_no_code_latency_and_reload(module_run, page, tmp_pa
         n = page.evaluate(JS_TRACE_LEN, "replica 0")
         assert n > 0
         wait_js(page, f"() => ({JS_TRACE_LEN})('replica 0') > {n}", timeout_s=30, what="plot grows after reload")
+        wait_js(page, JS_PLOTS_FILL, timeout_s=10, what="plots as wide as their box after a reload")
         shot(page, "classroom-after-reload.png")
 
 

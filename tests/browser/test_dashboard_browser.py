@@ -4,7 +4,7 @@ Opens ``notebooks/01_quickstart.ipynb`` (``WB_BROWSER_NOTEBOOK=path`` picks
 another notebook that submits a run and shows ``wb.dashboard(run)``), runs all
 cells and checks, from the page's DOM:
 the loss plot gains points while the run goes on; events written to the run
-directory show up within a few of the dashboard's 0.5 s poll periods (the
+directory show up within a few of the dashboard's 0.25 s poll periods (the
 latency is measured, its median bounded by 2 s on a loaded machine); the
 kill button for replica 1 turns its tile dead, then back to participating with
 a new attempt, and puts a fault marker on the plot; and after the run has ended

@@ -8,21 +8,25 @@ A dashboard reads no event log of its own: it shares its ``Run``'s reader
 and run-state fold, and subscribes to the fold for the presentation part
 (loss series, markers), so a kernel reads every byte once. Updates come from
 a background thread (:class:`~workbench.widgets.updater.Updater`) that
-refreshes the run (new bytes only, at most every ``interval`` seconds, 0.5 s
+refreshes the run (new bytes only, at most every ``interval`` seconds, 0.25 s
 by default); a refresh from a notebook cell (``run.metrics()``) reaches the
 dashboard too. One updater per run directory per kernel: a new Dashboard on
 the same run (re-running the cell) stops the previous one. The thread ends by
 itself once the run has ended and the last events are drawn.
 
-The loss plot is a plain ``go.Figure`` rendered through an ``ipywidgets.Output``
-(:mod:`workbench.widgets.plot` says why not a ``FigureWidget``). Each change is
-a full redraw of a decimated figure (at most ``max_points`` per curve), which
-is what bounds an update with 100k points.
+The loss plot is a :class:`~workbench.widgets.liveplot.LivePlot`: each poll
+sends only the points drawn since the last one (:mod:`workbench.widgets.appendplot`:
+decimation to at most ``max_points`` per curve whose drawn prefix never
+changes), so an update's cost does not grow with the run's length; the
+figure ``self.figure`` is only its template (layout and trace styles). The
+wall-clock plots are still whole figures in an ``Output`` (:mod:`plot`),
+redrawn at most every ``plot_every`` seconds.
 """
 
 from __future__ import annotations
 
 import html
+import json
 import threading
 import time
 from pathlib import Path
@@ -30,16 +34,20 @@ from typing import Any, Optional
 
 import ipywidgets as w
 import plotly.graph_objects as go
+import plotly.io as pio
 from plotly.subplots import make_subplots
 
 from .. import faultkinds
 from ..analysis.figures import readable
-from .plot import plot_bundle
+from .appendplot import PlotFeed
+from .liveplot import LivePlot, plotly_lib
 from .state import STATES, DashboardState
 from .timeline import GRID_MIN_GROUPS, STATE_COLORS, Replay, Snapshot, Timeline, cells
 from .updater import Updater, active
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
+MARKER_NAMES = {"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts",
+                "diverged": "diverged", "sync": "syncs"}
 MARKER_STYLE = {
     "fault": dict(symbol="x", size=13, color="#d50000", line=dict(width=1, color="#7f0000")),
     "heal": dict(symbol="triangle-up", size=12, color="#00c853", line=dict(width=1, color="#1b5e20")),
@@ -86,6 +94,24 @@ def _hold(t, y, t_end: Optional[float]):
     return t, y
 
 
+def _live_spec(fig: go.Figure) -> dict:
+    """The LivePlot ``spec`` of a template figure: its layout and its traces' styles, no points."""
+    spec = json.loads(pio.to_json(fig, validate=False))
+    traces = [{k: v for k, v in t.items() if k not in ("x", "y", "customdata", "text")} for t in spec["data"]]
+    return {"layout": spec["layout"], "traces": traces, "config": {"displaylogo": False, "responsive": True}}
+
+
+def _plain(v):
+    """A plotly JSON array as a list (plotly's JSON writes numeric arrays as base64 ``bdata``)."""
+    if isinstance(v, dict) and "bdata" in v:
+        import base64
+
+        import numpy as np
+
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return v
+
+
 def _bytes(n: Optional[float]) -> str:
     """Decimal units (1 MB = 10^6 bytes), as the CLI and the benchmarks print them."""
     if n is None or not isinstance(n, (int, float)):
@@ -100,16 +126,17 @@ def _bytes(n: Optional[float]) -> str:
 class Dashboard(w.VBox):
     """Live dashboard of one run: ``Dashboard(run)`` or ``Dashboard(run_dir)``.
 
-    ``interval`` is the poll period in seconds (at least 0.5); ``max_points``
+    ``interval`` is the poll period in seconds (at least 0.2; 0.25 by default, so that an event
+    is drawn within 0.5 s at the 95th percentile: ``bench/live_plot.py``); ``max_points``
     bounds the points drawn per loss curve (min/max decimation keeps spikes);
-    ``plot_every`` is the least time between two plot redraws while the updater
-    runs (tiles, panels and the event tail follow every poll);
+    ``plot_every`` is the least time between two redraws of the wall-clock plots while
+    the updater runs (the loss plot, tiles, panels and the event tail follow every poll);
     ``start=False`` builds it without the updater thread (call :meth:`update`);
     ``faults=False`` leaves the fault controls out (a view for watching only,
     as the classroom page shows by default).
     """
 
-    def __init__(self, run: Any, interval: float = 0.5, max_points: int = 1500, plot_every: float = 2.0,
+    def __init__(self, run: Any, interval: float = 0.25, max_points: int = 1500, plot_every: float = 2.0,
                  start: bool = True, faults: bool = True, **kwargs: Any) -> None:
         if isinstance(run, (str, Path)):
             from ..run import attach
@@ -118,11 +145,10 @@ class Dashboard(w.VBox):
         self.run = run
         self.run_dir = run.run_dir
         self.spec = run.spec
-        self.interval = max(0.5, float(interval))
+        self.interval = max(0.2, float(interval))
         self.max_points = int(max_points)
         self.plot_every = float(plot_every)
         self.faults = bool(faults)
-        self._plotted_at = float("-inf")
         self._render_lock = threading.RLock()
         self.state = DashboardState(self.spec.replicas, self.spec.steps, run_state=run.run_state)
         self._unsubscribe = run.run_state.subscribe(self._present)
@@ -165,8 +191,7 @@ class Dashboard(w.VBox):
         ]
         for kind, style in MARKER_STYLE.items():
             traces.append(go.Scatter(
-                x=[], y=[], mode="markers", name={"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts",
-                                         "diverged": "diverged", "sync": "syncs"}[kind],
+                x=[], y=[], mode="markers", name=MARKER_NAMES[kind],
                 marker=style, hovertemplate="%{text}<br>step %{customdata:.0f}<br>loss %{y:.4f}<extra></extra>",
             ))
         self._trace_of = {r: r for r in replicas}
@@ -178,8 +203,9 @@ class Dashboard(w.VBox):
             hovermode="closest",
         ))
         readable(self.figure)
-        self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="400px"))
-        self.loss_box = w.Box([self.plot_output], layout=w.Layout(width="100%")).add_class("wb-loss-plot")
+        self._feed = PlotFeed(MARKER_NAMES, self.max_points)
+        self.loss_plot = LivePlot(_live_spec(self.figure), layout=w.Layout(width="100%", min_height="400px"))
+        self.loss_box = w.Box([plotly_lib(), self.loss_plot], layout=w.Layout(width="100%")).add_class("wb-loss-plot")
 
 
         self.tiles = w.HTML().add_class("wb-tiles-panel")
@@ -263,32 +289,13 @@ class Dashboard(w.VBox):
             widget.value = value
 
     def _render_loss(self, force: bool) -> None:
-        s, x = self.state, self.x_toggle.value
-        versions = {r: series.version for r, series in s.loss.items()}
-        key = (x, s.markers_version, tuple(sorted(versions.items())))
-        if not force and self._drawn.get("loss") == key:
-            return
-        if not force and self.running and time.monotonic() - self._plotted_at < self.plot_every:
-            return  # each redraw ships the whole figure: a slow browser must not fall behind
-        fig = self.figure
-        with fig.batch_update():
-            for r in versions:
-                if r not in self._trace_of:
-                    fig.add_scatter(x=[], y=[], mode="lines", name=f"replica {r}",
-                                    hovertemplate=f"replica {r}<br>step %{{customdata:.0f}}<br>loss %{{y:.4f}}<extra></extra>")
-                    self._trace_of[r] = len(fig.data) - 1
-                view = s.loss_view(r, x, self.max_points)
-                trace = fig.data[self._trace_of[r]]
-                trace.x, trace.y, trace.customdata = view["x"], view["y"], view["step"]
-            for kind, i in self._marker_trace.items():
-                m = s.marker_arrays(kind)
-                trace = fig.data[i]
-                trace.x = m["step"] if x == "step" else m["t"] - (s.t0 or 0.0)
-                trace.y, trace.customdata, trace.text = m["loss"], m["step"], m["label"]
-            fig.layout.xaxis.title.text = "step" if x == "step" else "wall time since first event (s)"
-        self.plot_output.outputs = plot_bundle(fig)
-        self._plotted_at = time.monotonic()
-        self._drawn["loss"] = key
+        """Send the loss plot what is new (every poll: an update carries only new points);
+        ``force`` also sends the whole content, for any frontend that lost track."""
+        msg = self._feed.update(self.state, self.x_toggle.value)
+        if msg is not None:
+            self.loss_plot.push(msg)
+        elif force:
+            self.loss_plot.send_full()
 
     # -- the classroom views: compact grid, wall-clock plots, replay ----------------
     def _build_classroom(self) -> None:
@@ -322,8 +329,8 @@ class Dashboard(w.VBox):
         self.clock.update_yaxes(title_text="queue", rangemode="tozero", row=3, col=1)
         self.clock.update_xaxes(title_text="wall time since first event (s)", row=3, col=1)
         readable(self.clock)
-        self.clock_output = w.Output(layout=w.Layout(width="100%", min_height="460px"))
-        self.clock_box = w.Box([self.clock_output], layout=w.Layout(width="100%")).add_class("wb-clock-plot")
+        self.clock_plot = LivePlot(_live_spec(self.clock), layout=w.Layout(width="100%", min_height="460px"))
+        self.clock_box = w.Box([plotly_lib(), self.clock_plot], layout=w.Layout(width="100%")).add_class("wb-clock-plot")
         self.backlog_panel = w.HTML().add_class("wb-backlog")
         self.scrubber = w.FloatSlider(value=0.0, min=0.0, max=1.0, step=0.5, description="replay at",
                                       continuous_update=True, readout_format=".0f",
@@ -372,7 +379,13 @@ class Dashboard(w.VBox):
                                       line=dict(color="rgba(213,0,0,0.35)", width=1)) for m in faults]
             if self.replay is not None:
                 fig.layout.xaxis3.range = [0, self.replay.end - self.replay.start]
-        self.clock_output.outputs = plot_bundle(fig, alt="throughput, quorum and dead groups over time")
+        # Shown whole (it is small and redrawn at most every plot_every s), through a LivePlot rather
+        # than an Output: in JupyterLab an ended run's Output plot came up blank after a reload.
+        shown = json.loads(pio.to_json(fig, validate=False))
+        self.clock_plot.show(
+            {t["name"]: {k: _plain(t[k]) for k in ("x", "y", "text") if k in t} for t in shown["data"]},
+            {"shapes": shown["layout"].get("shapes", []),
+             **({"xaxis3": {"range": shown["layout"]["xaxis3"]["range"]}} if self.replay is not None else {})})
         self._clock_plotted_at = time.monotonic()
 
     def _start_replay(self) -> None:

@@ -9,7 +9,10 @@ and a view that attaches later (a reload with the kernel alive, Voila) is sent
 the data the figure had when it was built. An Output's ``outputs`` is ordinary
 synced widget state: every view, including one created after a reload, renders
 the current figure. The cost is a full redraw per change, so what is drawn
-must stay small (the dashboard decimates to ``max_points`` per curve).
+must stay small and change rarely: the dashboard's wall-clock plots (redrawn
+at most every ``plot_every`` s) and the sweep comparison. A plot that grows
+every poll is a :class:`~workbench.widgets.liveplot.LivePlot` (the loss plot),
+which receives only new points.
 """
 
 from __future__ import annotations
