@@ -7,7 +7,8 @@ recovery (full mode), the hot spare, the kill-every-period comparison
 (torchft-lite and ddp-restart, interleaved), torchft's structured logs routed
 on / off (interleaved), the per-step cost broken down against plain DDP
 (``stepcost``), heal bandwidth at ~250 MB (``heal``), the event pipeline, then ``ft.algorithm``
-under one recorded fault trace (``algorithms``: :mod:`bench.algorithms`, its own section of the report).
+under one recorded fault trace (``algorithms``: :mod:`bench.algorithms`, its own section of the report),
+and the live loss plot in the kernel and in chromium (``live_plot``: :mod:`bench.live_plot`, its own section).
 ``--only`` runs a subset and replaces only those sections of ``--out``. A run
 or section that fails is listed at the end and the exit status is 1. The
 process renices itself (and so every run it starts) by 10: the machine is shared.
@@ -24,7 +25,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import algorithms, heal, machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
+from . import algorithms, heal, live_plot, machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
@@ -38,7 +39,8 @@ QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window
              log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0)
 
 
-SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal", "algorithms")
+LIVE_PLOT_BEGIN, LIVE_PLOT_END = "<!-- bench.live_plot: begin -->", "<!-- bench.live_plot: end -->"
+SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal", "algorithms", "live_plot")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -72,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "only": sorted(only) if args.only else None, "set": args.set}
     print(f"bench ({info['mode']}): {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
 
-    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg = [], [], [], [], None, None, None, None
+    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg, lp = [], [], [], [], None, None, None, None, None
     crashed: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
@@ -100,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
         if "heal" in only:
             print("[heal bandwidth] ~250 MB of state, one kill")
             heal_bw = _section(crashed, "heal", heal.measure, root)
+        if "live_plot" in only:
+            print("[live plot] kernel-side update cost at 100k points, event -> drawn in chromium")
+            lp = _section(crashed, "live_plot", live_plot.run, 100_000, 50 if args.quick else 200,
+                          15.0 if args.quick else 30.0, 10.0)
         if "algorithms" in only:
             alg_cfg = algorithms.QUICK if args.quick else algorithms.FULL
             alg_info = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": info["mode"], "load_start": algorithms.load()}
@@ -138,6 +144,11 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report.write(results, out, img)
         name = "benchmarks.json"
+    if lp is not None:
+        results["live_plot"] = lp
+        algorithms.write_section(out, "\n".join([LIVE_PLOT_BEGIN, "## Live loss plot (kernel side and in chromium)", "",
+                                                 *(f"- {line}" for line in live_plot.report_lines(lp)), LIVE_PLOT_END]) + "\n",
+                                 LIVE_PLOT_BEGIN, LIVE_PLOT_END)
     if alg is not None:
         alg["settings"] = {k: v for k, v in alg_cfg.items() if k != "timeout_s"}
         algorithms.write_section(out, algorithms.markdown(alg, alg_info))

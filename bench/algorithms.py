@@ -168,11 +168,11 @@ def markdown(result: dict, info: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_section(path: Path, text: str) -> None:
-    """Replace this bench's section of ``path`` (between its markers), or append it."""
+def write_section(path: Path, text: str, begin: str = MARK_BEGIN, end: str = MARK_END) -> None:
+    """Replace one bench's section of ``path`` (between its markers ``begin``/``end``), or append it."""
     old = path.read_text() if path.exists() else ""
-    if MARK_BEGIN in old and MARK_END in old:
-        a, b = old.index(MARK_BEGIN), old.index(MARK_END) + len(MARK_END) + 1
+    if begin in old and end in old:
+        a, b = old.index(begin), old.index(end) + len(end) + 1
         new = old[:a] + text + old[b:]
     else:
         new = old.rstrip("\n") + "\n\n" + text
