@@ -363,10 +363,6 @@ def test_titan_groups_over_two_nodes_bind_node_addresses_and_node_down_ends_ever
 @needs_cluster
 @pytest.mark.titan
 @pytest.mark.slow
-@pytest.mark.xfail(run=False, reason=(
-    "two 2-rank titan groups that start together deadlock at step 0: each group's rank r heals from the other "
-    "group's rank r, each checkpoint server waits 60 s for its wlock ('Timed out waiting for wlock'), no step "
-    "commits (seen 2026-12-02; the cross-node TCP paths themselves work)"))
 def test_titan_group_over_two_nodes_killed_heals_across_the_bridge(cluster, start_run):
     """Group 0 (two nodes) is killed on both, comes back on two nodes and heals from group 1 over the bridge:
     its ``heal`` names a peer node's address and the namespace's interface, and that node's link counted at
