@@ -150,6 +150,7 @@ if rank == 1:  # rank 1 heals alone, as at step 0; rank 0 does not take part
            "all_seven": all(bool((t == 7.0).all()) for t in local_model_state([qkv]).values())})
     sys.stdout.flush()
     store.wait(["checked"])  # alive, but in no collective, while rank 0 tries
+    store.set("bye", "1")
 else:
     store.wait(["healed"])
     # torchtitan's own state_dict, on one rank, serialized as torchft's HTTP transport does
@@ -157,6 +158,7 @@ else:
     print({"shapes": shapes, "state_dict_alone_returned": hook_alone,
            "rank0_untouched": not any(bool((t == 7.0).all()) for t in local_model_state([qkv]).values())})
     store.set("checked", "1")
+    store.wait(["bye"])  # rank 0 hosts the store: rank 1 must have read "checked" before it goes
 sys.stdout.flush()
 os._exit(0)
 """
