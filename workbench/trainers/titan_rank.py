@@ -57,7 +57,9 @@ forward pass.
    from the other group's serving rank, itself waiting for its own peer.
    Two 2-rank groups that started together never committed: every fetch ran
    into the checkpoint server's 60 s lock ("Timed out waiting for wlock"),
-   every step had ``commit=false``.
+   every step had ``commit=false``. (``init_sync=False`` would spare step 0
+   only: with three groups a recovering group's ranks also fetch from
+   different groups.)
 
 Before each step's forward, :class:`TitanEvents` waits for the quorum (no
 ``state_dict()`` runs concurrently with compute; the cost is the overlap of
