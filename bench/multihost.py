@@ -1,13 +1,18 @@
-"""``python -m bench.multihost [--nodes 2] [--kills 3]``: a titan group over N namespaced nodes, killed and healed.
+"""``python -m bench.multihost [--layouts 2x1,1x2] [--kills 3]``: titan groups over namespaced nodes, killed and healed.
 
-Brings the dev cluster up (namespaced nodes) in a temporary state directory,
-runs ``titan-cpu`` with two replica groups of ``--nodes`` nodes each (4 CPUs
-a task, so the groups never share a node), SIGKILLs group 0 ``--kills``
-times, each once the previous attempt participates, and prints one JSON line
-per kill: kill → first committed participating step of the next attempt, the
-heal's bytes, where it was served from and over which interface, and the
-bytes the serving node's link sent meanwhile; then the median and ``uptime``.
-Everything it starts it stops (the run by its controller, the cluster by PID).
+Brings the dev cluster up (namespaced nodes) in a temporary state directory
+and, for each layout ``NxP`` (N nodes a group, P ranks a node; 4 CPUs a task,
+so two groups never share a node), runs ``titan-cpu`` with two replica
+groups, SIGKILLs group 0 ``--kills`` times, each once the previous attempt
+participates, and prints one JSON line per kill: kill → first committed
+participating step of the next attempt, the heal's bytes (group 0's rank 0's
+shard), where it was served from and over which interface, and the bytes the
+serving node's link sent meanwhile (every rank of the group heals: the link
+carries all of them). Then one line per layout: the median, n, and the
+1-minute load average at the end. The default compares a group of one rank
+on each of two nodes with a group of two ranks on one node: the same
+world size, once across the bridge and once inside a node.
+Everything it starts it stops (each run by its controller, the cluster by PID).
 """
 
 from __future__ import annotations
@@ -16,7 +21,6 @@ import argparse
 import json
 import os
 import statistics
-import subprocess
 import tempfile
 from pathlib import Path
 
@@ -27,51 +31,77 @@ def _participating_t(run, replica: int, attempt: int):
     return min(ts) if ts else None
 
 
+def _layout(text: str) -> tuple[int, int]:
+    nodes, _, nproc = text.partition("x")
+    return int(nodes), int(nproc or 1)
+
+
+def measure(wb, netns, nodes: dict, mode: str, run_root: Path, layout: tuple[int, int], kills: int,
+            timeout: float) -> list[dict]:
+    n_nodes, nproc = layout
+    rows: list[dict] = []
+    run = wb.submit("titan-cpu", {
+        "cluster": "slurm", "steps": 100000, "faults": [], "slurm.nodes": n_nodes, "nproc_per_replica": nproc,
+        "slurm.cpus_per_task": 4, "titan.overrides": {"training.seq_len": 64}, "run_root": str(run_root),
+    })
+    try:
+        for r in (0, 1):
+            run.wait_for(lambda x, r=r: _participating_t(x, r, 0) is not None, timeout)
+        for k in range(kills):
+            before = {n: netns.link_bytes(n) for n in nodes} if mode == "netns" else {}
+            fault = run.kill(0)
+            run.wait_for(lambda x, a=k + 1: _participating_t(x, 0, a) is not None, timeout)
+            heal = next((e for e in run._events if e["kind"] == "heal" and e.get("replica") == 0
+                         and e.get("attempt") == k + 1), {})
+            source = next((n for n, a in nodes.items() if a == heal.get("served_from")), None)
+            sent = (netns.link_bytes(source)["sent"] - before[source]["sent"]) if source and before else None
+            row = {"layout": f"{n_nodes}x{nproc}", "kill": k,
+                   "kill_to_participating_s": _participating_t(run, 0, k + 1) - fault["t"],
+                   "heal_bytes": heal.get("bytes"), "heal_seconds": heal.get("seconds"),
+                   "served_from": heal.get("served_from"), "interface": heal.get("interface"),
+                   "bytes_per_s": heal.get("bytes_per_s"), "source_link_sent_bytes": sent,
+                   "load_1m": os.getloadavg()[0]}
+            rows.append(row)
+            print(json.dumps(row), flush=True)
+    finally:
+        run.stop(timeout=30)
+    return rows
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.multihost")
-    ap.add_argument("--nodes", type=int, default=2)
+    ap.add_argument("--layouts", default="2x1,1x2", help="NxP,...: N nodes a group, P ranks a node")
     ap.add_argument("--kills", type=int, default=3)
-    ap.add_argument("--timeout", type=float, default=240.0)
+    ap.add_argument("--timeout", type=float, default=300.0)
     args = ap.parse_args(argv)
+
+    import signal
 
     import workbench as wb
     from workbench import devcluster
     from workbench.devcluster import netns
 
+    def _exit(signum, frame):  # a timeout's SIGTERM: still stop the run and bring the cluster down
+        raise SystemExit(128 + signum)
+
+    signal.signal(signal.SIGTERM, _exit)
     tmp = Path(tempfile.mkdtemp(prefix="wb-multihost-"))
     info = devcluster.up(tmp / "slurm")
     os.environ["SLURM_CONF"] = info["env"]["SLURM_CONF"]
-    nodes = info["network"]["nodes"]
-    rows = []
-    run = None
+    nodes, mode = info["network"]["nodes"], info["network"]["mode"]
+    summary = []
     try:
-        run = wb.submit("titan-cpu", {
-            "cluster": "slurm", "steps": 100000, "faults": [], "slurm.nodes": args.nodes,
-            "slurm.cpus_per_task": 4, "titan.overrides": {"training.seq_len": 64}, "run_root": str(tmp / "runs"),
-        })
-        for r in (0, 1):
-            run.wait_for(lambda x, r=r: _participating_t(x, r, 0) is not None, args.timeout)
-        for k in range(args.kills):
-            before = {n: netns.link_bytes(n) for n in nodes} if info["network"]["mode"] == "netns" else {}
-            fault = run.kill(0)
-            run.wait_for(lambda x, a=k + 1: _participating_t(x, 0, a) is not None, args.timeout)
-            heal = next((e for e in run._events if e["kind"] == "heal" and e.get("replica") == 0
-                         and e.get("attempt") == k + 1), {})
-            source = next((n for n, a in nodes.items() if a == heal.get("served_from")), None)
-            sent = (netns.link_bytes(source)["sent"] - before[source]["sent"]) if source and before else None
-            row = {"nodes": args.nodes, "kill": k, "kill_to_participating_s": _participating_t(run, 0, k + 1) - fault["t"],
-                   "heal_bytes": heal.get("bytes"), "served_from": heal.get("served_from"),
-                   "interface": heal.get("interface"), "bytes_per_s": heal.get("bytes_per_s"),
-                   "source_link_sent_bytes": sent}
-            rows.append(row)
-            print(json.dumps(row), flush=True)
+        for text in args.layouts.split(","):
+            rows = measure(wb, netns, nodes, mode, tmp / "runs", _layout(text), args.kills, args.timeout)
+            times = [r["kill_to_participating_s"] for r in rows]
+            summary.append({"layout": text, "n": len(times),
+                            "median_kill_to_participating_s": statistics.median(times) if times else None,
+                            "median_heal_bytes": statistics.median(r["heal_bytes"] or 0 for r in rows) if rows else None,
+                            "load_1m": os.getloadavg()[0]})
+            print(json.dumps(summary[-1]), flush=True)
     finally:
-        if run is not None:
-            run.stop(timeout=30)
         devcluster.down(tmp / "slurm")
-    times = [r["kill_to_participating_s"] for r in rows]
-    print(json.dumps({"nodes": args.nodes, "median_kill_to_participating_s": statistics.median(times) if times else None,
-                      "uptime": subprocess.run(["uptime"], capture_output=True, text=True).stdout.strip()}))
+    print(json.dumps({"network": mode, "layouts": summary}))
     return 0
 
 

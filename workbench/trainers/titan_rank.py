@@ -46,6 +46,21 @@ forward pass.
    tensors are live but whose ``lr`` is the warm-up value from back then, so
    the healed group took one step with the wrong learning rate.
 
+4. torchft heals rank by rank: rank ``r`` of a recovering group fetches from
+   rank ``r`` of a source group, and the source may differ per rank. At step 0
+   (``init_sync``) each group is the source for some ranks and heals the
+   others (``primary = max_participants[group_rank % n]``), so in a group of
+   two ranks one serves while the other receives. torchtitan's model
+   ``state_dict()`` and ``load_state_dict()`` are collectives over the group
+   (the fused-QKV hooks ``redistribute`` ``wqkv`` to ``Replicate``): the
+   serving rank waited in that all-gather for its peer, which was fetching
+   from the other group's serving rank, itself waiting for its own peer.
+   Two 2-rank groups that started together never committed: every fetch ran
+   into the checkpoint server's 60 s lock ("Timed out waiting for wlock"),
+   every step had ``commit=false``. (``init_sync=False`` would spare step 0
+   only: with three groups a recovering group's ranks also fetch from
+   different groups.)
+
 Before each step's forward, :class:`TitanEvents` waits for the quorum (no
 ``state_dict()`` runs concurrently with compute; the cost is the overlap of
 quorum and forward), applies a received checkpoint at once (what torchft's
@@ -53,7 +68,10 @@ synchronous-quorum mode does in ``start_quorum``), and resets each param
 group's lr from the received scheduler. A step whose commit failed (a peer
 died mid-step) is retried under the same step number and does not advance
 the lr schedule, so ``training.steps`` counts committed steps, as the
-manager does.
+manager does. The state torchft serves and loads is each rank's own
+(:class:`RankLocalState`): the model as this rank's shards, read and written
+in place, with no hook and no collective, so any subset of a group's ranks
+can serve or heal.
 """
 
 from __future__ import annotations
@@ -84,6 +102,83 @@ def _received_model(state: dict) -> Optional[dict]:
         if isinstance(user_state, dict) and "model" in user_state:
             return user_state["model"]
     return None
+
+
+def local_model_state(modules) -> dict:
+    """This rank's shard of every parameter and persistent buffer, by name: the tensors themselves.
+
+    No ``state_dict()`` hook runs (torchtitan's fused-QKV hook all-gathers),
+    so nothing here waits for another rank. A DTensor gives its local tensor;
+    FSDP2 keeps parameters sharded between steps, where torchft reads and
+    writes them.
+    """
+    from .kit import _local
+
+    out: dict = {}
+    for i, module in enumerate(modules):
+        prefix = f"{i}." if len(modules) > 1 else ""
+        for name, param in module.named_parameters():
+            out[prefix + name] = _local(param)
+        for mod_name, mod in module.named_modules():
+            for name, buf in mod.named_buffers(recurse=False):
+                if buf is not None and name not in mod._non_persistent_buffers_set:
+                    out[f"{prefix}{mod_name + '.' if mod_name else ''}{name}"] = _local(buf)
+    return out
+
+
+def load_local_model_state(modules, state: dict) -> None:
+    """Copy a :func:`local_model_state` of the same rank of another group into this rank's shards, in place."""
+    import torch
+
+    mine = local_model_state(modules)
+    if mine.keys() != state.keys():
+        raise ValueError(f"healed model state has other tensors: missing {sorted(mine.keys() - state.keys())[:3]}, "
+                         f"extra {sorted(state.keys() - mine.keys())[:3]}")
+    bad = [k for k, t in mine.items() if tuple(t.shape) != tuple(state[k].shape)]
+    if bad:
+        raise ValueError(f"healed model state: shard shapes differ for {bad[:3]} (another sharding?)")
+    with torch.no_grad():
+        for name, tensor in mine.items():
+            tensor.copy_(state[name])
+
+
+class RankLocalState:
+    """The state torchft serves to and loads from a peer group: this rank's alone (problem 4 above).
+
+    The keys torchtitan registers (model, optimizer, lr scheduler, train
+    state); the model through :func:`local_model_state`, the others through
+    their own ``state_dict``/``load_state_dict``, which are local (the
+    optimizer's is the container's cached dict of sharded states).
+    """
+
+    def __init__(self, checkpointer) -> None:
+        from torchtitan.components.checkpoint import LR_SCHEDULER, MODEL, OPTIMIZER, TRAIN_STATE
+
+        self.states = checkpointer.states
+        self.model_key = MODEL
+        self.keys = [k for k in (MODEL, OPTIMIZER, LR_SCHEDULER, TRAIN_STATE) if k in self.states]
+
+    def modules(self) -> list:
+        return self.states[self.model_key].model
+
+    def state_dict(self) -> dict:
+        return {k: local_model_state(self.modules()) if k == self.model_key else self.states[k].state_dict()
+                for k in self.keys}
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            if k == self.model_key:
+                load_local_model_state(self.modules(), v)
+            else:
+                self.states[k].load_state_dict(v)
+
+    def install(self, manager) -> None:
+        """Replace the pair torchtitan registered (``set_state_dict_fns``) with this one."""
+        if len(manager._user_state_dicts) != 1:
+            raise RuntimeError(f"expected torchtitan's one state-dict pair, found {list(manager._user_state_dicts)}")
+        key = next(iter(manager._user_state_dicts))
+        manager._user_state_dicts[key] = self.state_dict
+        manager._load_state_dict_fns[key] = self.load_state_dict
 
 
 class TitanEvents:
@@ -120,6 +215,7 @@ class TitanEvents:
         self._heal: dict = {}
         self._heartbeat: Optional[Heartbeat] = None
         self._log: Optional[TorchftLogHandler] = None
+        self._local_state: Optional[RankLocalState] = None
 
     def emit(self, kind: str, **fields: Any) -> None:
         if self.writer is not None:
@@ -186,6 +282,8 @@ class TitanEvents:
     def _attach(self, trainer) -> None:
         self.trainer = trainer
         self.manager = manager = trainer.ft_manager.manager
+        self._local_state = RankLocalState(trainer.checkpointer)
+        self._local_state.install(manager)
         transport = manager._checkpoint_transport
         recv = transport.recv_checkpoint
         should_commit = manager.should_commit
@@ -241,8 +339,11 @@ class TitanEvents:
             self._sync_lr_to_scheduler()
             self._step_state["healed"] = True
             weights = self._weights()
+            failed = manager.errored()
             self.emit("heal", **self._heal, apply_seconds=time.perf_counter() - t0,
-                      titan_step=self.trainer.step, forward_weights=weights)
+                      titan_step=self.trainer.step, forward_weights=weights,
+                      **({"error": str(getattr(failed, "original_exception", failed))} if failed else {}))
+            self._heal = {}
 
     def _sync_lr_to_scheduler(self) -> None:
         """Set each param group's lr to the received scheduler's (problem 3 above)."""
@@ -252,9 +353,9 @@ class TitanEvents:
                 group["lr"] = lr
 
     def _weights(self) -> str:
-        """This rank's checksum. Every rank of the group computes it at the same point, not only rank 0:
-        torchtitan's model ``state_dict()`` is a collective with more than one rank (rank 0 alone hung there)."""
-        return weights_checksum(self.trainer.checkpointer.states["model"].state_dict())
+        """This rank's checksum, of its own shards (no collective: a healing rank computes it alone).
+        Rank ``r`` of every group holds the same shard, so rank 0's are comparable across groups."""
+        return weights_checksum(local_model_state(self._local_state.modules()))
 
     def _after_step(self) -> None:
         s, trainer, manager = self._step_state, self.trainer, self.manager
