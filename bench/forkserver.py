@@ -38,7 +38,10 @@ def one(path: str, root: Path) -> dict:
     timeline = analysis.recovery_timeline(events)
     summary = analysis.summary(events, run.spec, timeline)
     row = timeline.iloc[0] if len(timeline) else {}
-    return {"path": path, "run_dir": str(run.run_dir), "state": run.state(), "load_1m": load,
+    fault_t = next((e["t"] for e in events if e["kind"] == "fault"), None)
+    ready = next((e["t"] for e in events if e["kind"] == "phase" and e.get("phase") == "model_ready"
+                  and e.get("replica") == 1 and e.get("attempt") == 1), None)
+    return {"model_ready_s": None if None in (fault_t, ready) else ready - fault_t,"path": path, "run_dir": str(run.run_dir), "state": run.state(), "load_1m": load,
             "kill_to_participating_s": row.get("participating"), "replacement_started_s": row.get("replacement_started"),
             "imports_done_s": row.get("imports_done"), "submit_to_first_step_s": summary["submit_to_first_step_s"]}
 
@@ -62,16 +65,17 @@ def measure(reps: int = 3, root: Path | None = None) -> pd.DataFrame:
 
 
 def render(df: pd.DataFrame) -> list[str]:
-    cols = ["kill_to_participating_s", "replacement_started_s", "imports_done_s", "submit_to_first_step_s"]
+    cols = ["kill_to_participating_s", "replacement_started_s", "imports_done_s", "model_ready_s",
+            "submit_to_first_step_s"]
     med = df.groupby("path")[cols + ["load_1m"]].median()
     lines = ["## Fork server vs submitit's LocalExecutor (local backend)", "",
              f"Medians over {df.groupby('path').size().min()} runs each, back to back (alternating); "
              "seconds; `load_1m` the median 1-minute load average at each run's start.", "",
-             "| path | kill → participating | replacement started | imports done | submit → first step | load |",
-             "|---|---|---|---|---|---|"]
+             "| path | kill → participating | replacement started | imports done | model ready | "
+             "submit → first step | load |",
+             "|---|---|---|---|---|---|---|"]
     for path, r in med.iterrows():
-        lines.append(f"| {path} | {r[cols[0]]:.2f} | {r[cols[1]]:.2f} | {r[cols[2]]:.2f} | {r[cols[3]]:.2f} | "
-                     f"{r['load_1m']:.2f} |")
+        lines.append(f"| {path} | " + " | ".join(f"{r[c]:.2f}" for c in cols) + f" | {r['load_1m']:.2f} |")
     return lines
 
 
