@@ -226,17 +226,13 @@ def serve(trainer: str, model: Optional[dict] = None) -> None:
                 _answer(answers, {"pid": pid, "pid_start": start_time(pid)})
             elif req["op"] == "cancel":
                 pid = int(req["pid"])
-                if pid in _children():
+                if pid in _CHILDREN:
                     _signal(pid, signal.SIGINT)
                     cancels.setdefault(pid, time.monotonic() + CANCEL_GRACE_S)
                 _answer(answers, {})
 
 
-_CHILDREN: set[int] = set()
-
-
-def _children() -> set[int]:
-    return _CHILDREN
+_CHILDREN: set[int] = set()  # forked and not yet reaped: the only PIDs a cancel may signal
 
 
 def _answer(stream, obj: dict) -> None:
