@@ -102,6 +102,7 @@ class Controller:
         self.writer.emit("start", role="controller", trainer=self.spec.trainer, cluster=self.cluster.name)
         state, reason = "failed", ""
         try:
+            self.cluster.prepare()  # local: the fork server imports while the lighthouse starts
             if self.elastic:
                 self.lighthouse = Lighthouse(self.spec, self.run_dir / "lighthouse", self.cluster.lighthouse_host)
                 self._write_lighthouse_epoch()
@@ -451,6 +452,7 @@ class Controller:
         if self.lighthouse:
             self.lighthouse.stop()
             self._lighthouse_event("down")
+        self.cluster.close()
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -59,6 +59,12 @@ class Cluster(abc.ABC):
     @abc.abstractmethod
     def _make_executor(self) -> submitit.Executor: ...
 
+    def prepare(self) -> None:
+        """In the controller, before the first submit: start what the jobs need (local: the fork server)."""
+
+    def close(self) -> None:
+        """In the controller, after the last job: end what ``prepare`` started."""
+
     @classmethod
     def validate(cls, spec) -> None:
         """World-facing checks at submit, before the detached controller starts.

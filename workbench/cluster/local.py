@@ -1,4 +1,10 @@
-"""The embedded default: jobs are processes on this machine, via submitit's LocalExecutor.
+"""The embedded default: jobs are processes on this machine, forked from the run's fork server.
+
+By default (``WORKBENCH_FORK_SERVER`` unset or ``1``) each job is a child forked from
+one process that has imported torch, torchft and the trainer
+(:mod:`workbench.cluster.forkserver`, a submitit executor of its own): the same job
+folder, pickles and ``local`` job environment, without a new interpreter's imports.
+``WORKBENCH_FORK_SERVER=0`` uses submitit's ``LocalExecutor`` as before:
 
 submitit starts, per job, a small controller process (``submitit.local._local``)
 that runs the task (``submitit.core._submit``) as its child; the task process
@@ -17,6 +23,7 @@ network kinds need nodes in namespaces, which this backend has not.
 
 from __future__ import annotations
 
+import os
 import signal
 
 import submitit
@@ -31,7 +38,33 @@ class LocalCluster(Cluster):
     loopback_only = True
     shares_this_machine = True
 
-    def _make_executor(self) -> submitit.LocalExecutor:
+    def __init__(self, spec, run_dir) -> None:
+        super().__init__(spec, run_dir)
+        self.fork_server = None
+
+    @staticmethod
+    def forks() -> bool:
+        """Whether jobs are forked from a fork server (``WORKBENCH_FORK_SERVER``, default on)."""
+        return os.environ.get("WORKBENCH_FORK_SERVER", "1") != "0"
+
+    def prepare(self) -> None:
+        """Start the fork server's imports now, beside the lighthouse's start (the controller calls this)."""
+        if self.forks() and self.fork_server is None:
+            from .forkserver import ForkServer
+
+            self.fork_server = ForkServer(self.spec.trainer, self.spec.model.model_dump(mode="json"), log=self.run_dir / "forkserver.log")
+            self.fork_server.start()
+
+    def close(self) -> None:
+        if self.fork_server is not None:
+            self.fork_server.close()
+
+    def _make_executor(self) -> submitit.Executor:
+        if self.forks():
+            from .forkserver import ForkExecutor
+
+            self.prepare()
+            return ForkExecutor(self.folder, self.fork_server)
         ex = submitit.LocalExecutor(folder=self.folder)
         # LocalExecutor's default timeout is 2 minutes; a run's lifetime is the controller's business.
         ex.update_parameters(timeout_min=7 * 24 * 60, tasks_per_node=1)
