@@ -8,7 +8,8 @@ recovery (full mode), the hot spare, the kill-every-period comparison
 on / off (interleaved), the per-step cost broken down against plain DDP
 (``stepcost``), heal bandwidth at ~250 MB (``heal``), the event pipeline, then ``ft.algorithm``
 under one recorded fault trace (``algorithms``: :mod:`bench.algorithms`, its own section of the report),
-and the live loss plot in the kernel and in chromium (``live_plot``: :mod:`bench.live_plot`, its own section).
+the live loss plot in the kernel and in chromium (``live_plot``: :mod:`bench.live_plot`), and the fork server
+against submitit's LocalExecutor (``forkserver``: :mod:`bench.forkserver`), each its own section.
 ``--only`` runs a subset and replaces only those sections of ``--out``. A run
 or section that fails is listed at the end and the exit status is 1. The
 process renices itself (and so every run it starts) by 10: the machine is shared.
@@ -25,7 +26,7 @@ import time
 import warnings
 from pathlib import Path
 
-from . import algorithms, heal, live_plot, machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
+from . import algorithms, forkserver, heal, live_plot, machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
@@ -39,8 +40,7 @@ QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window
              log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0)
 
 
-LIVE_PLOT_BEGIN, LIVE_PLOT_END = "<!-- bench.live_plot: begin -->", "<!-- bench.live_plot: end -->"
-SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal", "algorithms", "live_plot")
+SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal", "algorithms", "live_plot", "forkserver")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "only": sorted(only) if args.only else None, "set": args.set}
     print(f"bench ({info['mode']}): {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
 
-    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg, lp = [], [], [], [], None, None, None, None, None
+    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg, lp, fork = [], [], [], [], None, None, None, None, None, None
     crashed: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
@@ -102,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
         if "heal" in only:
             print("[heal bandwidth] ~250 MB of state, one kill")
             heal_bw = _section(crashed, "heal", heal.measure, root)
+        if "forkserver" in only:
+            print("[fork server] kill -> participating, submit -> first step, fork server vs LocalExecutor")
+            fork = _section(crashed, "forkserver", forkserver.measure, 1 if args.quick else 3, root)
         if "live_plot" in only:
             print("[live plot] kernel-side update cost at 100k points, event -> drawn in chromium")
             lp = _section(crashed, "live_plot", live_plot.run, 100_000, 50 if args.quick else 200,
@@ -144,11 +147,13 @@ def main(argv: list[str] | None = None) -> int:
     else:
         report.write(results, out, img)
         name = "benchmarks.json"
+    if fork is not None:
+        results["forkserver"] = fork
+        _write_marked(out, "forkserver", forkserver.render(fork))
     if lp is not None:
         results["live_plot"] = lp
-        algorithms.write_section(out, "\n".join([LIVE_PLOT_BEGIN, "## Live loss plot (kernel side and in chromium)", "",
-                                                 *(f"- {line}" for line in live_plot.report_lines(lp)), LIVE_PLOT_END]) + "\n",
-                                 LIVE_PLOT_BEGIN, LIVE_PLOT_END)
+        _write_marked(out, "live_plot", ["## Live loss plot (kernel side and in chromium)", "",
+                                         *(f"- {line}" for line in live_plot.report_lines(lp))])
     if alg is not None:
         alg["settings"] = {k: v for k, v in alg_cfg.items() if k != "timeout_s"}
         algorithms.write_section(out, algorithms.markdown(alg, alg_info))
@@ -157,6 +162,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"ERROR in {e['variant']}: {e['error']}")
     print(f"wrote {out} in {time.time() - t_start:.0f} s")
     return 1 if results["errors"] else 0
+
+
+def _write_marked(out: Path, name: str, lines: list[str]) -> None:
+    """A bench's own section of the report, between markers, replaced in place by the next run."""
+    begin, end = f"<!-- bench.{name}: begin -->", f"<!-- bench.{name}: end -->"
+    algorithms.write_section(out, "\n".join([begin, *lines, end]) + "\n", begin, end)
 
 
 def _section(crashed: list, name: str, fn, *args):
