@@ -31,7 +31,7 @@ pytestmark = [
 PROBE = """
 import sys, jax
 from maxtext.utils import max_utils
-max_utils.initialize_jax_for_cpu({"jax_distributed_initialization_timeout": 120})
+max_utils.initialize_jax_for_cpu({"jax_distributed_initialization_timeout": 60})
 print(jax.process_index(), jax.process_count(), flush=True)
 sys.stdin.read()
 """
