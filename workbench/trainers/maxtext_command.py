@@ -49,8 +49,9 @@ OWNED_KEYS = ("run_name", "base_output_directory", "metrics_file", "steps")
 # the launcher replaces it with the job's (coordinator_port).
 MAXTEXT_CPU_PORT = 1234
 # Coordinator ports of Slurm jobs: below Linux's ephemeral range (32768-60999), so no outgoing connection holds
-# one, and clear of torch's default 29500 and the workbench's own listeners (8866, 9464).
-COORDINATOR_PORTS = range(15000, 25000)
+# one, and clear of the dev cluster's daemons (20000-30000), torch's default 29500 and the workbench's own
+# listeners (8866, 9464).
+COORDINATOR_PORTS = range(10000, 20000)
 # The hardware values with which MaxText starts jax.distributed over several processes.
 MULTI_PROCESS_HARDWARE = ("cpu", "gpu", "gpu_multiprocess")
 
