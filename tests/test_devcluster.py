@@ -148,6 +148,15 @@ def test_mariadb_listens_on_no_tcp_port(cluster):
     assert listening == []
 
 
+def test_slurmctld_listens_on_the_head_address_only(cluster):
+    slurmctld = psutil.Process(cluster["pids"]["slurmctld"])
+    listening = {(c.laddr.ip, c.laddr.port) for c in slurmctld.net_connections(kind="inet")
+                 if c.status == psutil.CONN_LISTEN}
+    head = cluster["network"]["head"]
+    assert listening and {ip for ip, _ in listening} == {head}, listening
+    assert "is UP" in slurm("scontrol", "ping").stdout
+
+
 def test_mariadb_socket_directory_is_private(cluster):
     socket_dir = Path(cluster["mysql_socket"]).parent
     assert Path(cluster["mysql_socket"]).is_socket()

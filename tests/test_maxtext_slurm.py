@@ -108,8 +108,9 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     start0 = of_attempt(run, "start", 0)[0]
     assert start0["world_size"] == 2
     assert len(set(start0["nodes"])) == 2 and set(start0["nodes"]) <= set(cluster["nodes"])
-    coordinator = f"{slurm_client.node_address(start0['nodes'][0])}:{maxtext_command.COORDINATOR_PORT}"
-    assert start0["coordinator"] == coordinator
+    port = maxtext_command.coordinator_port(str(start0["job_id"]))
+    coordinator = f"{slurm_client.node_address(start0['nodes'][0])}:{port}"
+    assert start0["coordinator"] == coordinator and port != maxtext_command.MAXTEXT_CPU_PORT
     logs = Path(run.run_dir) / "maxtext"
     rank0, rank1 = (logs / "attempt-0.log").read_text(), (logs / "attempt-0.rank-1.log").read_text()
     # JAX's and MaxText's own lines: one program of two processes, one CPU device each.
@@ -122,7 +123,7 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     allowed = {slurm_client.node_address(n) for n in start0["nodes"]}
     procs = [p for rank in (0, 1) for p in task_processes(str(start0["job_id"]), rank)]
     listeners = job_listeners(procs, start0["nodes"])
-    assert (coordinator.rsplit(":", 1)[0], maxtext_command.COORDINATOR_PORT) in listeners
+    assert (coordinator.rsplit(":", 1)[0], port) in listeners
     assert len(listeners) >= 3 and {ip for ip, _ in listeners} <= allowed, listeners  # coordinator + gloo per rank
 
     fault = run.fault("node_down", target=0, seconds=20)

@@ -76,6 +76,8 @@ def write_configs(layout: Layout, ports: Mapping[str, int], user: str,
 ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost({head})
 SlurmctldPort={ports['slurmctld']}
+# slurmctld binds the address its hostname resolves to, not every interface (lifecycle: its hostname is the head's).
+CommunicationParameters=NoCtldInAddrAny
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge

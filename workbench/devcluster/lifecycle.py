@@ -227,7 +227,10 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
         start_mariadb(layout, state, user, deadline)
         start_slurmdbd(layout, state, deadline)
         ensure_associations(layout, user)
-        start(layout, state, "slurmctld", ["slurmctld", "-D", "-f", str(layout.slurm_conf)], env)
+        # NoCtldInAddrAny binds the address gethostname() resolves to (127.0.0.1 here, while the nodes and
+        # `scontrol ping` dial the head's): in its own UTS namespace slurmctld's hostname is the head address.
+        uts = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', network["head"]]
+        start(layout, state, "slurmctld", [*uts, "slurmctld", "-D", "-f", str(layout.slurm_conf)], env)
         wait_until(lambda: "is UP" in run_client(layout, ["scontrol", "ping"], check=False).stdout,
                    deadline, layout, "slurmctld")
         for node in NODES:

@@ -13,13 +13,17 @@ wrapper and one MaxText process per task, all one JAX program
 (``max_utils.maybe_initialize_jax_distributed_system``) from the environment
 its launcher would set: for ``hardware: cpu`` XPK's (``JAX_COORDINATOR_ADDRESS``,
 ``JOB_INDEX``, ``JOB_COMPLETION_INDEX``, ``PROCESSES_IN_JOB``,
-``JAX_PROCESS_COUNT``; the coordinator on port 1234, MaxText's constant),
-for ``hardware: gpu`` its own (``JAX_COORDINATOR_IP``/``_PORT``, ``NNODES``,
-``NODE_RANK``); ``gpu_multiprocess`` is JAX's own Slurm detection. The
+``JAX_PROCESS_COUNT``), for ``hardware: gpu`` its own (``JAX_COORDINATOR_IP``/``_PORT``,
+``NNODES``, ``NODE_RANK``); ``gpu_multiprocess`` is JAX's own Slurm detection. The
 coordinator is the job's first node at the address Slurm records for it
 (``NodeAddr``, :func:`workbench.cluster.slurm_client.node_address`), and it
 binds that address only (``JAX_COORDINATOR_BIND_ADDRESS``; JAX's default is
-every interface). The processes' collectives are JAX's CPU collectives
+every interface). Its port is the job's own (:func:`coordinator_port`, from the
+Slurm job id), so two jobs whose first node is the same node do not collide.
+MaxText's CPU path dials port 1234 whatever the environment says
+(``max_utils.initialize_jax_for_cpu``), so the launcher puts the job's port
+into the address MaxText passes to ``jax.distributed.initialize``
+(``WORKBENCH_COORDINATOR_PORT``). The processes' collectives are JAX's CPU collectives
 (``jax_cpu_collectives_implementation``, gloo by default): each process's
 gloo listens on its own node's ``NodeAddr`` and publishes it through the
 coordinator's key-value store. The job runs ``srun --kill-on-bad-exit=1``
@@ -41,8 +45,13 @@ TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 # Keys the wrapper sets from the run itself; a spec may not override them.
 OWNED_KEYS = ("run_name", "base_output_directory", "metrics_file", "steps")
 
-# MaxText's initialize_jax_for_cpu dials the coordinator on this port ("the port XPK exposes for CPU workloads").
-COORDINATOR_PORT = 1234
+# MaxText's initialize_jax_for_cpu dials the coordinator on this port ("the port XPK exposes for CPU workloads");
+# the launcher replaces it with the job's (coordinator_port).
+MAXTEXT_CPU_PORT = 1234
+# Coordinator ports of Slurm jobs: below Linux's ephemeral range (32768-60999), so no outgoing connection holds
+# one, and clear of the dev cluster's daemons (20000-30000), torch's default 29500 and the workbench's own
+# listeners (8866, 9464).
+COORDINATOR_PORTS = range(10000, 20000)
 # The hardware values with which MaxText starts jax.distributed over several processes.
 MULTI_PROCESS_HARDWARE = ("cpu", "gpu", "gpu_multiprocess")
 
@@ -67,6 +76,15 @@ def _on_event(name, **_):
         print("WORKBENCH " + json.dumps({"compile_cache": name.rsplit("_", 1)[-1]}), flush=True)
 
 monitoring.register_event_listener(_on_event)
+if os.environ.get("WORKBENCH_COORDINATOR_PORT"):
+    _initialize = jax.distributed.initialize
+
+    def _initialize_on_job_port(coordinator_address=None, *args, **kwargs):
+        if coordinator_address:
+            coordinator_address = coordinator_address.rsplit(":", 1)[0] + ":" + os.environ["WORKBENCH_COORDINATOR_PORT"]
+        return _initialize(coordinator_address, *args, **kwargs)
+
+    jax.distributed.initialize = _initialize_on_job_port
 if os.environ.get("WORKBENCH_GLOO_HOSTNAME"):
     from jax._src import config as jax_config, distributed, xla_bridge
     from jax._src.lib import _jax
@@ -184,20 +202,34 @@ def own_address() -> str:
     return "127.0.0.1"
 
 
-def distributed_env(hardware: str, layout: JobLayout, address: str, own: str) -> dict[str, str]:
+def coordinator_port(job_id: str) -> int:
+    """The JAX coordinator's port for Slurm job ``job_id`` (every task of the job computes the same one).
+
+    Two jobs share a port only when their ids are ``len(COORDINATOR_PORTS)`` apart; a requeued job keeps
+    its id and its port, its earlier coordinator gone with it.
+    """
+    base = job_id.split("_", 1)[0]  # an array task's SLURM_JOB_ID is already its own; "123_4" is the display form
+    if not base.isdigit():
+        raise ValueError(f"SLURM_JOB_ID: {job_id!r}; allowed: a Slurm job id (digits)")
+    return COORDINATOR_PORTS[int(base) % len(COORDINATOR_PORTS)]
+
+
+def distributed_env(hardware: str, layout: JobLayout, address: str, own: str, port: int) -> dict[str, str]:
     """The environment MaxText reads to start ``jax.distributed`` for ``hardware`` (see the module's docstring).
 
-    ``address`` is the coordinator's (rank 0's node), ``own`` this task's node: gloo listens there.
+    ``address`` is the coordinator's (rank 0's node), ``port`` the job's (:func:`coordinator_port`),
+    ``own`` this task's node: gloo listens there.
     """
     if layout.processes == 1 or hardware == "gpu_multiprocess":
         return {}
     bind = f"[{address}]" if ":" in address else address
-    env = {"JAX_COORDINATOR_BIND_ADDRESS": f"{bind}:{COORDINATOR_PORT}", "WORKBENCH_GLOO_HOSTNAME": own}
+    env = {"JAX_COORDINATOR_BIND_ADDRESS": f"{bind}:{port}", "WORKBENCH_GLOO_HOSTNAME": own}
     if hardware == "cpu":
         env.update(JAX_COORDINATOR_ADDRESS=address, JOB_INDEX="0", JOB_COMPLETION_INDEX=str(layout.rank),
-                   PROCESSES_IN_JOB=str(layout.processes), JAX_PROCESS_COUNT=str(layout.processes))
+                   PROCESSES_IN_JOB=str(layout.processes), JAX_PROCESS_COUNT=str(layout.processes),
+                   WORKBENCH_COORDINATOR_PORT=str(port))
     elif hardware == "gpu":
-        env.update(JAX_COORDINATOR_IP=address, JAX_COORDINATOR_PORT=str(COORDINATOR_PORT),
+        env.update(JAX_COORDINATOR_IP=address, JAX_COORDINATOR_PORT=str(port),
                    NNODES=str(layout.processes), NODE_RANK=str(layout.rank))
     return env
 
@@ -272,6 +304,8 @@ def build_command(ctx: JobContext, layout: Optional[JobLayout] = None) -> tuple[
     if overrides.get("hardware") == "cpu":
         env.setdefault("JAX_PLATFORMS", "cpu")
     if layout.processes > 1:
-        env.update(distributed_env(overrides.get("hardware", "tpu"), layout, coordinator_address(layout), own_address()))
+        port = coordinator_port(os.environ["SLURM_JOB_ID"]) if os.environ.get("SLURM_JOB_ID") else MAXTEXT_CPU_PORT
+        env.update(distributed_env(overrides.get("hardware", "tpu"), layout, coordinator_address(layout), own_address(),
+                                   port))
     argv = [str(python), "-c", LAUNCHER, *(f"{k}={v}" for k, v in overrides.items())]
     return argv, env
