@@ -127,6 +127,29 @@ def _json_default(obj: Any) -> Any:
     return str(obj)
 
 
+def new_lines(events_dir: Path, offsets: dict[Path, int]) -> Iterator[bytes]:
+    """The whole lines appended to each ``*.jsonl`` file of ``events_dir`` since ``offsets``
+    (advanced as they are read), one bytes block per file that has any, in file-name order.
+    A last line without its newline is a writer mid-append: it stays for the next read."""
+    try:
+        files = sorted(events_dir.glob("*.jsonl"))
+    except OSError:
+        return
+    for path in files:
+        offset = offsets.get(path, 0)
+        try:
+            with open(path, "rb") as f:
+                f.seek(offset)
+                data = f.read()
+        except OSError:
+            continue
+        end = data.rfind(b"\n")
+        if end < 0:
+            continue
+        offsets[path] = offset + end + 1
+        yield data[: end + 1]
+
+
 class EventReader:
     """Incremental reader over every writer's file in ``<run_dir>/events``.
 
@@ -143,29 +166,16 @@ class EventReader:
 
     def poll(self) -> list[dict]:
         out: list[dict] = []
-        try:
-            files = sorted(self.dir.glob("*.jsonl"))
-        except OSError:
-            return out
-        for path in files:
-            out.extend(self._read_new(path))
-        if len(files) > 1:
+        files = 0
+        for data in new_lines(self.dir, self._offsets):
+            files += 1
+            out.extend(self._parse(data))
+        if files > 1:
             out.sort(key=lambda e: e.get("t", 0.0))
         return out
 
-    def _read_new(self, path: Path) -> Iterator[dict]:
-        offset = self._offsets.get(path, 0)
-        try:
-            with open(path, "rb") as f:
-                f.seek(offset)
-                data = f.read()
-        except OSError:
-            return
-        end = data.rfind(b"\n")
-        if end < 0:
-            return
-        self._offsets[path] = offset + end + 1
-        for line in data[: end + 1].splitlines():
+    def _parse(self, data: bytes) -> Iterator[dict]:
+        for line in data.splitlines():
             if not line.strip():
                 continue
             try:

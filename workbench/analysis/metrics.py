@@ -35,6 +35,8 @@ import numpy as np
 import orjson
 import pandas as pd
 
+from ..events import EVENTS_DIR, new_lines
+
 STEP_COLUMNS = [
     "t", "replica", "attempt", "step", "loss", "committed", "participating", "participants",
     "quorum_id", "step_time_s", "tokens_per_s", "weights",
@@ -77,8 +79,6 @@ class StepColumns:
     """
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
-        from ..events import EVENTS_DIR
-
         self.dir = Path(run_dir) / EVENTS_DIR
         self._offsets: dict[Path, int] = {}
         self._chunks: list[pd.DataFrame] = []
@@ -103,23 +103,8 @@ class StepColumns:
 
     def _read(self) -> int:
         added = 0
-        try:
-            files = sorted(self.dir.glob("*.jsonl"))
-        except OSError:
-            return 0
-        for path in files:
-            offset = self._offsets.get(path, 0)
-            try:
-                with open(path, "rb") as f:
-                    f.seek(offset)
-                    data = f.read()
-            except OSError:
-                continue
-            end = data.rfind(b"\n")
-            if end < 0:
-                continue
-            self._offsets[path] = offset + end + 1
-            chunk = self._parse(data[: end + 1])
+        for data in new_lines(self.dir, self._offsets):
+            chunk = self._parse(data)
             if chunk is not None and len(chunk):
                 self._chunks.append(chunk)
                 added += len(chunk)
