@@ -415,7 +415,7 @@ def test_preempt_a_two_rank_group_every_rank_stops_at_one_step_and_it_resumes_fr
     """One group of two ranks: the preemption reaches both (forwarded by the job), they stop at the
     same step boundary (a rank that went on alone would wait in a collective, and the job would report
     the rank that failed), save a checkpoint there, and the relaunch resumes from it. Past step 10 it
-    also shows every rank computing the weights checksum (rank 0 alone hung in ``state_dict()``)."""
+    also shows every rank computing the weights checksum (each of its own shards, no collective)."""
     steps = 20
     run, _, end = preempt_group_0(start_run, steps, 5, replicas=1, min_replicas=1, nproc_per_replica=2)
     ev = run.events()
