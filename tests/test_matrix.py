@@ -10,6 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench import faultkinds
+from workbench.armed import Triggers
 from workbench.fault_matrix import OUTCOMES, attach_matrix, plan
 from workbench.runstate import RunState
 from workbench.spec import SpecError
@@ -108,6 +109,10 @@ def test_a_kill_during_a_save_leaves_it_incomplete_and_the_restart_uses_the_last
     step = fault["checkpoint_step"]
     started = next(e for e in ev if e["kind"] == "checkpoint" and e.get("state") == "started" and e["step"] == step)
     assert [a["action"] for a in armed] == ["kill_during_checkpoint"] and armed[0]["t"] < started["t"] < fault["t"]
+    # Only the save the kill landed in was held, and it was attempt 0's: one restart, no other attempt ended.
+    held = [(e["attempt"], e["step"]) for e in ev if e["kind"] == "checkpoint" and e.get("held")]
+    assert held == [(0, step)] and fault["attempt"] == 0
+    assert [(e["attempt"], e["reason"]) for e in ev if e["kind"] == "job"] == [(0, "died"), (1, "completed")]
     assert not [e for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["attempt"] == 0
                 and e["step"] == step]  # the save the kill landed in never committed
     durable_before = max(e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["t"] < fault["t"])
@@ -124,6 +129,24 @@ def test_a_kill_during_a_save_leaves_it_incomplete_and_the_restart_uses_the_last
     final = status["checkpoints"]
     assert final["incomplete"] == [step] and final["last_durable"]["marker_present"] is True
     assert final["last_durable"]["step"] == max(e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable"))
+
+
+def test_an_armed_fault_fires_on_the_save_the_writer_held_in_whichever_order_the_two_events_are_read():
+    armed_ev = {"kind": "armed", "t": 1.0, "action": "kill_during_checkpoint", "target": 0}
+    unheld = {"kind": "checkpoint", "t": 0.9, "replica": 0, "attempt": 0, "step": 10, "state": "started"}
+    committed = {"kind": "checkpoint", "t": 1.2, "replica": 0, "attempt": 0, "step": 10, "durable": True}
+    held = {"kind": "checkpoint", "t": 1.5, "replica": 0, "attempt": 0, "step": 15, "state": "started", "held": True}
+
+    tr = Triggers()  # armed read first; the save under way at the time (not held) does not fire it
+    assert [tr.observe(e) for e in (armed_ev, unheld, committed)] == [None, None, None]
+    assert tr.observe(held) == (armed_ev, held)
+
+    tr = Triggers()  # the held save read before the controller reads its own armed event back
+    assert tr.observe(held) is None and tr.observe(armed_ev) == (armed_ev, held)
+
+    tr = Triggers()  # a held save that committed before the arm was read (disarmed, timed out) fires nothing
+    done = {**committed, "step": 15, "t": 1.6}
+    assert [tr.observe(e) for e in (held, done, armed_ev)] == [None, None, None]
 
 
 def test_the_ledger_tells_writing_skipped_and_incomplete_saves_and_checks_the_commit_marker(tmp_path):

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 from typing import Optional, Protocol
 
@@ -97,8 +98,9 @@ def inject(run: RunHandle, action: str, target: Optional[int] = None, origin: st
         raise FaultError(f"target: replica {target} out of range; allowed: 0..{replicas - 1}")
     view = fault_targets.target_view(kind, trainer, state, target)
     if kind.trigger and not fire:
-        armed.arm(run.run_dir, kind.trigger, view.replica, {"action": kind.name, "origin": origin})
-        return writer.emit("armed", action=kind.name, target=view.replica, origin=origin, trigger=kind.trigger)
+        t = time.time()  # stamped before the arm file exists: a save that finds it started after ``t``
+        armed.arm(run.run_dir, kind.trigger, view.replica, {"action": kind.name, "origin": origin, "t": t})
+        return writer.emit("armed", t=t, action=kind.name, target=view.replica, origin=origin, trigger=kind.trigger)
     proc = fault_targets.target_proc(kind, trainer, view)
     extra = {"proc": proc} if proc is not None else {}
     fields = {**fields, **run.cluster.inject(kind, view, seconds, origin, **extra)}

@@ -28,9 +28,9 @@ Protocol inside the job:
   wait in the next all-reduce): emit ``checkpoint state=started``, write
   ``.step-N.pt.tmp``, fsync, rename to ``step-N.pt`` (the commit marker),
   fsync the directory, then emit ``checkpoint`` with ``durable=True``. A name
-  without the dot and suffix is therefore complete (:data:`CHECKPOINTS`). An
-  armed ``kill_during_checkpoint`` holds the save before the rename
-  (``workbench.armed``).
+  without the dot and suffix is therefore complete (:data:`CHECKPOINTS`). A save
+  that finds an armed ``kill_during_checkpoint`` says ``held=True`` and holds
+  before the rename (``workbench.armed``).
 - On start every worker loads the newest ``step-N.pt`` (N = committed steps it
   holds) and continues at step N+1; ``phase restored from_step=N`` is emitted
   on every relaunch (``from_step=0`` when no checkpoint existed yet).
@@ -230,11 +230,13 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> s
                 every_s and time.monotonic() - last_ckpt_t >= every_s
             )
             if rank == 0 and due and step < steps:
-                writer.emit("checkpoint", step=step, state="started", durable=False)
+                held = armed.is_armed(ctx.run_dir, "checkpoint", rank)
+                writer.emit("checkpoint", step=step, state="started", durable=False, **({"held": True} if held else {}))
                 t0 = time.perf_counter()
                 path = save_checkpoint(directory, step, {"model": model.state_dict(), "optim": optimizer.state_dict(),
                                                          "step": step}, keep,
-                                       before_commit=lambda: armed.hold_while_armed(ctx.run_dir, "checkpoint", rank))
+                                       before_commit=(lambda: armed.hold_while_armed(ctx.run_dir, "checkpoint", rank))
+                                       if held else None)
                 writer.emit("checkpoint", step=step, path=str(path), seconds=time.perf_counter() - t0,
                             bytes=path.stat().st_size, durable=True)
             if due:

@@ -43,7 +43,7 @@ class TrainerKind:
     such process and the kind does not apply): ``store_host`` hosts the
     group's rendezvous TCPStore, ``rank0`` is its rank 0, ``checkpoint_writer``
     writes its checkpoints and emits ``checkpoint`` with ``state="started"``
-    before each write. ``"group"``: the group's own recorded process;
+    before each write (``held=True`` when it holds the save for an armed fault). ``"group"``: the group's own recorded process;
     ``"replica0"``: the process recorded as replica 0 (the rank 0 of a one-job
     trainer); ``"child_rank0"``: the group's child with ``RANK=0``.
 
