@@ -255,3 +255,31 @@ def test_sweep_points_with_different_ft_keys_do_not_leak_into_each_other():
     ])
     assert (specs[1].ft.algorithm, specs[1].ft.fragments, specs[1].ft.sync_every) == ("localsgd", 1, 16)
     assert base.ft.fragments == 1
+
+
+@pytest.mark.slow
+def test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung(start_run):
+    """Three DiLoCo groups that need each other (min_replicas 3) meet every 10 inner steps. One is
+    stopped (SIGSTOP) for 5 s mid-window: the other two finish their window and wait in the sync's
+    quorum, heartbeating with ``waiting: sync``. Only the stopped group is a hang; before the
+    detector read ``waiting``, the group that reached the sync first was flagged as well, since its
+    peer had stepped after it."""
+    run = start_run("algorithms", ["ft.algorithm=diloco", "ft.sync_every=10", "replicas=3", "min_replicas=3",
+                                   "model.step_delay_s=0.1", "heartbeat_s=0.3", "hang.timeout_s=1.5",
+                                   "torchft.pg_timeout_ms=8000", "steps=100000", "faults=[]"])
+    committed = lambda r: [s for s in r._events if s["kind"] == "sync" and s.get("committed")
+                           and s.get("participants") == 3 and not s.get("join")]
+    run.wait_for(lambda r: len(committed(r)) >= 3, timeout=120)  # every group past its join
+    # Stop group 2 three inner steps into a window: its peers have seven steps left before the sync.
+    n = len(run._events)
+    run.wait_for(lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 10 == 3
+                               for e in r._events[n:]), timeout=30)
+    fault = run.kill(replica=2, how="hang", seconds=5)
+    # The sync after the stop: all three commit it once group 2 runs again.
+    run.wait_for(lambda r: any(s["t"] > fault["t"] + 5 for s in committed(r)), timeout=60)
+    waited = [e for e in run._events if e["kind"] == "heartbeat" and e.get("waiting") == "sync"
+              and e.get("replica") in (0, 1) and fault["t"] + 2 < e["t"] < fault["t"] + 5]
+    hangs = [e for e in run._events if e["kind"] == "hang"]
+    run.stop(timeout=20)
+    assert {e["replica"] for e in waited} == {0, 1}  # both peers sat in the sync while group 2 was stopped
+    assert [h["target"] for h in hangs] == [2], hangs

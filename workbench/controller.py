@@ -399,7 +399,13 @@ class Controller:
         hung if its peers progressed meanwhile (if every group stopped, the run as a whole is
         stalled: no one group's hang). A group running alone (MaxText, ddp-restart, or the last
         one left) is hung only if it also stopped heartbeating: a compile, a checkpoint or a slow
-        step keeps its heartbeat going, a stopped or frozen process does not."""
+        step keeps its heartbeat going, a stopped or frozen process does not.
+
+        A group whose live heartbeat says it waits in a sync (semi-synchronous algorithms) waits
+        for a peer: it is not the hung one. Without this, a 5 s hang of one group inside a DiLoCo
+        sync (``torchft.pg_timeout_ms`` 8000 holds the all-reduce for it) flagged 15 of 16 groups
+        of the classroom run: each had arrived at the sync after some other group, which counted
+        as a peer having progressed while it did not."""
         now = time.time()
         limit = self.hang_timeout_s()
         running = [s for s in self.slots.values() if s.state == "running" and s.committed_steps > 0]
@@ -407,11 +413,14 @@ class Controller:
             idle = now - slot.last_progress_t
             if idle < limit or slot.hang_reported:
                 continue
+            view = self.run_state.replicas[slot.replica]
             if len(running) > 1:
                 if not any(p.last_progress_t > slot.last_progress_t for p in running if p is not slot):
                     continue
+                if view.waiting and now - (view.last_seen or 0.0) < limit:
+                    continue
             else:
-                seen = self.run_state.replicas[slot.replica].last_seen or slot.last_progress_t
+                seen = view.last_seen or slot.last_progress_t
                 if now - seen < limit:
                     continue
             slot.hang_reported = True

@@ -81,7 +81,8 @@ def preflight(spec: Spec) -> list[str]:
             f"checkpoint period ({period}) is longer than the run (steps={spec.steps}): no checkpoint is "
             "ever written, so a restart starts from step 0"
         )
-    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < spec.pg_timeout_ms:
+    semi_sync = spec.trainer == "torchft-lite" and spec.ft.algorithm != "ddp"  # their heartbeats say "waiting"
+    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < spec.pg_timeout_ms and not semi_sync:
         warnings.append(
             f"hang.timeout_s ({spec.hang.timeout_s}) is shorter than the process-group timeout "
             f"({spec.pg_timeout_ms} ms): survivors waiting out a dead peer would be reported as hung"

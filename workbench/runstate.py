@@ -73,6 +73,7 @@ class ReplicaView:
     diverged_at: Optional[int] = None  # the first step whose loss was NaN or infinite
     dead_attempt: int = -1
     hang: Optional[dict] = None
+    waiting: Optional[str] = None  # its last heartbeat said it waits for its peers ("sync"), no step since
     impaired: Optional[dict] = None  # a fault that slows or cuts it off while it runs: kind, t, seconds
     procs: dict = dataclasses.field(default_factory=dict)  # attempt -> Proc
     jobs: dict = dataclasses.field(default_factory=dict)  # attempt -> job id
@@ -275,6 +276,7 @@ class RunState:
             return
         if v.state == "hung":
             v.state = "participating"
+        v.waiting = e.get("waiting")
         if isinstance(e.get("step"), int):
             v.step = e["step"]
 
@@ -289,6 +291,7 @@ class RunState:
         v = self._own(e)
         if v is None or not self._progress(v, e, t):
             return
+        v.waiting = None
         if isinstance(step, int):
             v.step = step
             if committed:

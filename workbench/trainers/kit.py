@@ -11,6 +11,7 @@ when called.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import os
@@ -30,16 +31,30 @@ class Heartbeat(threading.Thread):
     """Emits ``heartbeat`` with the current ``step`` every ``period`` seconds, also while a step is slow.
 
     The training loop sets ``step``; the hang detector reads the heartbeats.
+    While the loop waits for its peers (``waiting("sync")`` around a
+    semi-synchronous sync: its quorum, all-reduce and vote), each heartbeat
+    says so (``waiting``): a group that waits for a hung peer is not itself
+    the hung one.
     """
 
     def __init__(self, writer, period: float) -> None:
         super().__init__(daemon=True, name="workbench-heartbeat")
         self.writer, self.period, self.step = writer, period, 0
+        self.waiting_for: Optional[str] = None
         self._stopped = threading.Event()
 
     def run(self) -> None:
         while not self._stopped.wait(self.period):
-            self.writer.emit("heartbeat", step=self.step)
+            waiting = self.waiting_for
+            self.writer.emit("heartbeat", step=self.step, **({"waiting": waiting} if waiting else {}))
+
+    @contextlib.contextmanager
+    def waiting(self, what: str):
+        self.waiting_for = what
+        try:
+            yield
+        finally:
+            self.waiting_for = None
 
     def stop(self) -> None:
         self._stopped.set()

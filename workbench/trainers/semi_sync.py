@@ -52,6 +52,7 @@ moves 2(n−1)/n of it each way; n = 2: the same).
 
 from __future__ import annotations
 
+import contextlib
 import time
 from typing import Any, Optional
 
@@ -92,14 +93,18 @@ class SemiSync:
 
     Each sync's time, bytes and vote are recorded by wrapping the torchft
     methods that do it (``LocalSGD.sync``; a fragment's ``prepare_sync`` and
-    ``perform_sync``), so torchft's own hooks decide when to sync.
+    ``perform_sync``; ``Manager.start_quorum``), so torchft's own hooks decide
+    when to sync. Inside them the heartbeat says the group is waiting for its
+    peers (``Heartbeat.waiting``), which the hang detector reads.
     """
 
-    def __init__(self, ft: dict, manager, model, inner_opt, counter: AllreduceBytes, log_handler=None) -> None:
+    def __init__(self, ft: dict, manager, model, inner_opt, counter: AllreduceBytes, log_handler=None,
+                 beat=None) -> None:
         import torch
         from torchft.local_sgd import DiLoCo, LocalSGD
 
         self.algorithm, self.manager, self.counter, self.log_handler = ft["algorithm"], manager, counter, log_handler
+        self._waiting = beat.waiting if beat is not None else (lambda what: contextlib.nullcontext())
         self.done: Optional[dict] = None
         self.syncs = 0
         self._t = self._blocked = 0.0
@@ -113,7 +118,8 @@ class SemiSync:
 
             def timed_sync() -> None:
                 self._begin(None)
-                sync()
+                with self._waiting("sync"):
+                    sync()
                 self._end(None)
 
             self.impl.sync = timed_sync
@@ -136,12 +142,14 @@ class SemiSync:
 
         def timed_prepare() -> None:
             t0 = time.perf_counter()
-            prepare()
+            with self._waiting("sync"):
+                prepare()
             self._blocked += time.perf_counter() - t0
 
         def timed_perform() -> bool:
             t0 = time.perf_counter()
-            committed = perform()
+            with self._waiting("sync"):
+                committed = perform()
             self._blocked += time.perf_counter() - t0
             self._end(i)
             return committed
@@ -155,7 +163,8 @@ class SemiSync:
         def timed(*args, **kwargs):
             t0 = time.perf_counter()
             self._bytes0, self._step0 = self.counter.total, self.manager.current_step()
-            start_quorum(*args, **kwargs)
+            with self._waiting("sync"):
+                start_quorum(*args, **kwargs)
             self._blocked += time.perf_counter() - t0
 
         self.manager.start_quorum = timed
@@ -207,7 +216,7 @@ def train(ctx, spec: dict, writer, manager, model, inner_opt, counter: Allreduce
     from .tiny_decoder import make_batch
 
     ft, m = spec["ft"], spec["model"]
-    algo = SemiSync(ft, manager, model, inner_opt, counter, log_handler)
+    algo = SemiSync(ft, manager, model, inner_opt, counter, log_handler, beat=beat)
     steps, tokens = spec["steps"], m["batch_size"] * m["seq_len"]
     per_sync = algo.inner_per_sync
 
