@@ -365,8 +365,8 @@ def test_titan_groups_over_two_nodes_bind_node_addresses_and_node_down_ends_ever
     head = cluster["network"]["head"]
     daemons = {d: cluster["pids"][d] for d in HEAD_DAEMONS}
     listeners = _listeners([*run.pids(), *daemons.values()], nodes)
-    on_nodes = {n for n, *_ in listeners}
-    assert on_nodes == {"head", *nodes}, listeners  # every node has listeners of the run: the rendezvous reached them all
+    # the head and every node have listeners: the rendezvous reached every node
+    assert {n for n, *_ in listeners} == {"head", *nodes}, listeners
     own = {"head": head, **nodes}
     bad = [lst for lst in listeners if lst[1] not in (own[lst[0]], "127.0.0.1")]
     assert not bad, f"listeners on a wildcard or another address: {bad}"
