@@ -76,16 +76,16 @@ def workbench_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
 
 
 @contextlib.contextmanager
-def local_slurm(state_dir: Path):
+def local_slurm(state_dir: Path, **up_kwargs):
     """The real local Slurm (workbench.devcluster) for one test module; down, and every
-    daemon it started killed by PID, also on failure."""
+    daemon it started killed by PID, also on failure. ``up_kwargs`` go to ``devcluster.up``."""
     import psutil
 
     from workbench import devcluster
 
     env = pytest.MonkeyPatch()
     try:
-        info = devcluster.up(state_dir)
+        info = devcluster.up(state_dir, **up_kwargs)
         env.setenv("SLURM_CONF", info["env"]["SLURM_CONF"])
         yield info
     finally:

@@ -98,6 +98,7 @@ def test_up_restarts_a_cluster_with_a_dead_daemon(cluster):
     assert info["started"] is True
     assert devcluster.status(cluster["state_dir"])["nodes"] == {n: "idle" for n in devcluster.NODES}
     cluster["pids"].update(info["pids"])
+    cluster["ports"].update(info["ports"])  # a port still in TIME_WAIT is not taken again
 
 
 def test_state_dir_that_slurm_conf_cannot_hold_is_refused(tmp_path):
@@ -148,13 +149,16 @@ def test_mariadb_listens_on_no_tcp_port(cluster):
     assert listening == []
 
 
-def test_slurmctld_listens_on_the_head_address_only(cluster):
-    slurmctld = psutil.Process(cluster["pids"]["slurmctld"])
-    listening = {(c.laddr.ip, c.laddr.port) for c in slurmctld.net_connections(kind="inet")
-                 if c.status == psutil.CONN_LISTEN}
+def test_slurmctld_and_slurmdbd_listen_on_the_head_address_only(cluster):
+    """Both at their configured port on the head's address, nowhere else; the nodes and clients reach them there."""
     head = cluster["network"]["head"]
-    assert listening and {ip for ip, _ in listening} == {head}, listening
+    for daemon in ("slurmctld", "slurmdbd"):
+        proc = psutil.Process(cluster["pids"][daemon])
+        listening = {(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
+                     if c.status == psutil.CONN_LISTEN}
+        assert listening == {(head, cluster["ports"][daemon])}, (daemon, listening)
     assert "is UP" in slurm("scontrol", "ping").stdout
+    assert devcluster.CLUSTER_NAME in slurm("sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster").stdout.split()
 
 
 def test_mariadb_socket_directory_is_private(cluster):
@@ -230,3 +234,4 @@ def test_down_stops_every_daemon_and_up_restarts(cluster):
     assert info["started"] is True
     assert devcluster.status(cluster["state_dir"])["nodes"] == {n: "idle" for n in devcluster.NODES}
     cluster["pids"].update(info["pids"])
+    cluster["ports"].update(info["ports"])  # a port still in TIME_WAIT is not taken again

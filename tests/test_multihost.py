@@ -239,6 +239,21 @@ def test_where_namespaces_cannot_be_made_up_says_so_in_one_line_and_nodes_are_lo
     assert len(got["lines"]) == 1 and "no network namespaces" in got["lines"][0] and "\n" not in got["lines"][0]
 
 
+@needs_cluster
+def test_logical_nodes_run_jobs_and_the_head_daemons_listen_on_loopback_only(tmp_path):
+    """``up(namespaces=False)``, the fallback: every node on 127.0.0.1, a job runs on n2, and slurmctld and
+    slurmdbd listen on 127.0.0.1 only (never a wildcard, which would be every interface of the machine)."""
+    with local_slurm(tmp_path / "slurm", namespaces=False) as info:
+        assert info["network"]["mode"] == "logical" and set(info["network"]["nodes"].values()) == {"127.0.0.1"}
+        out = subprocess.run(["srun", "-w", "n2", "-A", info["account"], "hostname"], capture_output=True,
+                             text=True, timeout=60, env={**os.environ, "SLURM_CONF": info["slurm_conf"]})
+        assert out.returncode == 0, out.stderr
+        daemons = {d: info["pids"][d] for d in HEAD_DAEMONS}
+        listeners = _listeners(daemons.values(), {})
+        assert {(lst[1], lst[2]) for lst in listeners} == {
+            ("127.0.0.1", info["ports"]["slurmctld"]), ("127.0.0.1", info["ports"]["slurmdbd"])}, listeners
+
+
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     with local_slurm(tmp_path_factory.mktemp("slurm")) as info:
@@ -295,20 +310,22 @@ def _participating(run, replica: int, attempt: int, n: int = 1):
     return check
 
 
-def _run_listeners(run, nodes: dict) -> list[tuple[str, str, int, str]]:
-    """(node, address, port, process) of every TCP listener of this run's processes, in every node's namespace."""
-    pids = set(run.pids())
+HEAD_DAEMONS = ("slurmctld", "slurmdbd", "mariadbd", "munged")
+
+
+def _listeners(pids, nodes: dict) -> list[tuple[str, str, int, str]]:
+    """(where, address, port, process) of every TCP listener of ``pids`` and their children, on the head's
+    network stack (where ``"head"``) and in every node's namespace (where the node's name)."""
+    pids = set(pids)
     for pid in list(pids):
         try:
             pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
         except psutil.NoSuchProcess:
             pass
-    found = []
-    for name in nodes:
-        for host, port, proc in netns.listeners(name):
-            if any(f"pid={pid}," in proc for pid in pids):
-                found.append((name, host, port, proc))
-    return found
+    head = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, timeout=20, check=True).stdout
+    stacks = {"head": netns.parse_ss(head.splitlines()), **{name: netns.listeners(name) for name in nodes}}
+    return [(where, host, port, proc) for where, found in stacks.items() for host, port, proc in found
+            if any(f"pid={pid}," in proc for pid in pids)]
 
 
 def _ready(run, replica: int) -> bool:
@@ -329,8 +346,10 @@ def test_titan_groups_over_two_nodes_bind_node_addresses_and_node_down_ends_ever
     """Two titan groups of one rank on each of two nodes (4 nodes in all; 4 CPUs a task keeps them apart).
 
     Once both groups' torchft Managers are up: each group runs on two nodes at
-    their addresses, every listener of the run's processes is on its node's
-    address or loopback, the lighthouse on the head's. Then ``node_down``
+    their addresses, every listener of the run's processes and of the head's
+    daemons is on its node's (or the head's) address or loopback, never a
+    wildcard; the lighthouse, slurmctld and slurmdbd on the head's, MariaDB on
+    none (its Unix socket only). Then ``node_down``
     under group 1 ends both of its tasks (the one on the other node too).
     """
     pytest.importorskip("torchtitan")
@@ -343,15 +362,18 @@ def test_titan_groups_over_two_nodes_bind_node_addresses_and_node_down_ends_ever
     assert not {n for n, _ in placement[0]} & {n for n, _ in placement[1]}, placement
     assert all(addr == nodes[n] for p in placement.values() for n, addr in p), placement
 
-    listeners = _run_listeners(run, nodes)
-    on_nodes = {n for n, *_ in listeners}
-    assert on_nodes == set(nodes), listeners  # every node has listeners of the run: the rendezvous reached them all
-    bad = [lst for lst in listeners if lst[1] not in (nodes[lst[0]], "127.0.0.1")]
+    head = cluster["network"]["head"]
+    daemons = {d: cluster["pids"][d] for d in HEAD_DAEMONS}
+    listeners = _listeners([*run.pids(), *daemons.values()], nodes)
+    # the head and every node have listeners: the rendezvous reached every node
+    assert {n for n, *_ in listeners} == {"head", *nodes}, listeners
+    own = {"head": head, **nodes}
+    bad = [lst for lst in listeners if lst[1] not in (own[lst[0]], "127.0.0.1")]
     assert not bad, f"listeners on a wildcard or another address: {bad}"
-    lighthouse = run.run_state.lighthouse
-    head = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True).stdout.splitlines()
-    lh = [h for h in netns.parse_ss(head) if f"pid={lighthouse.pid}," in h[2]]
-    assert lh and all(h[0] == cluster["network"]["head"] for h in lh), lh
+    for pid in (run.run_state.lighthouse.pid, daemons["slurmctld"], daemons["slurmdbd"]):
+        found = [lst for lst in listeners if f"pid={pid}," in lst[3]]
+        assert found and all(lst[:2] == ("head", head) for lst in found), (pid, found)
+    assert not [lst for lst in listeners if f"pid={daemons['mariadbd']}," in lst[3]]  # its Unix socket only
 
     procs = [psutil.Process(p.pid) for p in run.run_state.nodes.placement(1, 0)]
     run.kill(1, how="node_down", seconds=5)

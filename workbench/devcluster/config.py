@@ -108,7 +108,7 @@ SlurmdTimeout=20
 SlurmctldTimeout=20
 InactiveLimit=0
 AccountingStorageType=accounting_storage/slurmdbd
-AccountingStorageHost=127.0.0.1
+AccountingStorageHost={head}
 AccountingStoragePort={ports['slurmdbd']}
 # slurmctld authenticates to slurmdbd through this munge socket; without it: "no TRES from database".
 AccountingStoragePass={layout.munge_socket}
@@ -122,7 +122,9 @@ PartitionName={PARTITION} Nodes={node_range} Default=YES MaxTime=INFINITE State=
 AuthType=auth/munge
 {munge_auth}
 DbdHost=localhost
-DbdAddr=127.0.0.1
+DbdAddr={head}
+# slurmdbd binds the address its hostname resolves to, not every interface (lifecycle: its hostname is the head's).
+CommunicationParameters=NoInAddrAny
 DbdPort={ports['slurmdbd']}
 SlurmUser={user}
 PidFile={layout.run}/slurmdbd.pid

@@ -44,6 +44,18 @@ def daemon_env(layout: Layout) -> dict[str, str]:
     return env
 
 
+def as_host(address: str) -> list[str]:
+    """The argv prefix that runs a command with ``address`` as its hostname, in a UTS namespace of its own.
+
+    With ``NoCtldInAddrAny`` (slurmctld) or ``NoInAddrAny`` (slurmdbd) in
+    ``CommunicationParameters`` a Slurm daemon listens on the address its
+    ``gethostname()`` resolves to instead of every interface; here that is
+    127.0.0.1, while the nodes dial the head's address. Only the hostname
+    changes; the network stack is this host's.
+    """
+    return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', address]
+
+
 def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[str, str]) -> None:
     """Start one daemon in the foreground in its own session; record its PID, start time and argv.
 

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from .config import choose_ports, write_configs
-from .daemons import alive, check_programs, daemon_env, run_client, start, stop_recorded, wait_until
+from .daemons import alive, as_host, check_programs, daemon_env, run_client, start, stop_recorded, wait_until
 from .layout import (
     ACCOUNT, CLUSTER_NAME, DAEMONS, NODES, PARTITION, DevClusterError, Layout, check_state_dir, locked,
     read_state, resolve_state_dir, write_state,
@@ -225,12 +225,10 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
             netns.create(NODES)
         start_munged(layout, state)
         start_mariadb(layout, state, user, deadline)
-        start_slurmdbd(layout, state, deadline)
+        start_slurmdbd(layout, state, network["head"], deadline)
         ensure_associations(layout, user)
-        # NoCtldInAddrAny binds the address gethostname() resolves to (127.0.0.1 here, while the nodes and
-        # `scontrol ping` dial the head's): in its own UTS namespace slurmctld's hostname is the head address.
-        uts = ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', network["head"]]
-        start(layout, state, "slurmctld", [*uts, "slurmctld", "-D", "-f", str(layout.slurm_conf)], env)
+        start(layout, state, "slurmctld", [*as_host(network["head"]), "slurmctld", "-D", "-f", str(layout.slurm_conf)],
+              env)
         wait_until(lambda: "is UP" in run_client(layout, ["scontrol", "ping"], check=False).stdout,
                    deadline, layout, "slurmctld")
         for node in NODES:

@@ -19,7 +19,7 @@ import subprocess
 import time
 
 from .config import DB_NAME, DB_USER, db_password
-from .daemons import daemon_env, run_client, start, wait_until
+from .daemons import as_host, daemon_env, run_client, start, wait_until
 from .layout import ACCOUNT, CLUSTER_NAME, Layout
 
 # Small and fast rather than durable across host crashes: this is a throw-away accounting DB.
@@ -104,9 +104,9 @@ def _as_superuser(layout: Layout, user: str, sql: str) -> bool:
     return False
 
 
-def start_slurmdbd(layout: Layout, state: dict, deadline: float) -> None:
+def start_slurmdbd(layout: Layout, state: dict, head: str, deadline: float) -> None:
     env = {**daemon_env(layout), "MYSQL_UNIX_PORT": str(layout.mysql_socket)}
-    start(layout, state, "slurmdbd", ["slurmdbd", "-D"], env)
+    start(layout, state, "slurmdbd", [*as_host(head), "slurmdbd", "-D"], env)
     wait_until(lambda: run_client(layout, ["sacctmgr", "-n", "-P", "list", "cluster"], check=False).returncode == 0,
                deadline, layout, "slurmdbd")
 
