@@ -65,7 +65,9 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
 
     old: ``EventReader.poll()`` (one dict per line) then ``metrics_frame``; new: ``StepColumns`` (each
     file's bytes into columns). Also: a warm ``frame()`` after 15 new step events (a notebook cell on a
-    live run), and the candidates measured when the path was chosen, where installed.
+    live run) and the dashboard's incremental ``EventReader.poll()`` of the same new bytes, and the
+    candidates measured when the path was chosen, where installed: their parse alone is the floor
+    under the cold figure.
     """
     import io
     import os
@@ -87,14 +89,19 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     events = sum(p.read_bytes().count(b"\n") for p in files)
     cols = StepColumns(run_dir)
     cols.frame()
+    reader = EventReader(run_dir)
+    reader.poll()
     w = EventWriter(run_dir, "replica-0.attempt-0", run="bench", replica=0, attempt=0)
-    warm = []
+    warm, poll = [], []
     for k in range(reps):
         for i in range(15):
             w.emit("step", **step_fields(10_000_000 + 15 * k + i, 0))
         t0 = time.perf_counter()
         cols.frame()
         warm.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        reader.poll()  # what the dashboard's fold reads on each poll
+        poll.append(time.perf_counter() - t0)
     w.close()
     cands: dict = {}
     data = [p.read_bytes() for p in files]
@@ -115,7 +122,7 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     med = statistics.median
     return {"events": events, "step_rows": n, "reps": reps, "same_frame": same,
             "old_s": med(old), "new_s": med(new), "old_per_s": n / med(old), "new_per_s": n / med(new),
-            "warm_s": med(warm), "loadavg_1m": med(loads), "candidates_s": cands}
+            "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
 
 
 def _median_s(fn, reps: int) -> float:

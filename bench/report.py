@@ -130,6 +130,7 @@ def pipeline_section(pipe: dict) -> list[str]:
         )
     mp = pipe.get("metrics")
     if mp:
+        floor = mp["candidates_s"].get("pyarrow read_json (parse only)")
         lines += [
             f"- `Run.metrics()` read path, cold, on the {mp['events']:,}-event log ({mp['step_rows']:,} step rows), "
             f"median of {mp['reps']} interleaved, load (1 min) {mp['loadavg_1m']:.2f}: "
@@ -137,7 +138,12 @@ def pipeline_section(pipe: dict) -> list[str]:
             f"({mp['old_s'] * 1e3:.0f} ms); columnar (`StepColumns`, pyarrow) **{mp['new_per_s']:,.0f} steps/s** "
             f"({mp['new_s'] * 1e3:.0f} ms), {mp['old_s'] / mp['new_s']:.2f}× ; same DataFrame: {mp['same_frame']}",
             f"  - warm (a notebook cell on a live run): `metrics()` after 15 new step events "
-            f"{mp['warm_s'] * 1e3:.1f} ms (parses only the new bytes; the concatenation and sort of the held rows remain)",
+            f"{mp['warm_s'] * 1e3:.1f} ms (parses only the new bytes; the held columns are concatenated, sorted only "
+            f"when out of order)" + (f"; the dashboard's incremental `EventReader.poll()` of the same bytes "
+                                     f"{mp['poll_warm_s'] * 1e3:.2f} ms" if "poll_warm_s" in mp else ""),
+            *([f"  - pyarrow's parse alone is {floor / mp['new_s'] * 100:.0f} % of the cold `metrics()` "
+               f"({floor * 1e3:.0f} of {mp['new_s'] * 1e3:.0f} ms): the parse on this machine's 2 shared cores, not "
+               "the frame building, bounds the rate"] if floor else []),
             "  - candidates on the same bytes, parse only (no DataFrame), median: " + "; ".join(
                 f"{k} " + (f"{mp['step_rows'] / v:,.0f}/s ({v * 1e3:.0f} ms)" if v else "not installed")
                 for k, v in mp["candidates_s"].items()),

@@ -269,7 +269,8 @@ def _arrow_chunk(data: bytes, lines: int, only_steps: bool) -> pd.DataFrame:
         raise ValueError("a line without kind")
     if "t" not in table.column_names:
         raise ValueError("no t")
-    table = table.filter(pc.equal(table.column("kind"), "step"))
+    mask = pc.equal(table.column("kind"), "step")
+    table = table.drop_columns([n for n in _DROPPED if n in table.column_names]).filter(mask)
     if not table.num_rows:
         return pd.DataFrame()
     cols, names = [], []
@@ -310,7 +311,7 @@ def _to_numpy(col) -> np.ndarray:
     t = col.type
     if col.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         arr = col.to_numpy(zero_copy_only=False)
-        return arr.astype(np.int64) if pa.types.is_integer(t) else arr
+        return arr.astype(np.int64, copy=False) if pa.types.is_integer(t) else arr
     if pa.types.is_floating(t):
         return col.to_numpy(zero_copy_only=False)
     if pa.types.is_list(t) and col.null_count == 0:
@@ -336,7 +337,7 @@ def _lists(col) -> list:
         return col.to_pylist()
     items = flat.to_numpy(zero_copy_only=False)
     if pa.types.is_integer(vt):
-        items = items.astype(np.int64)
+        items = items.astype(np.int64, copy=False)
     offsets = np.asarray(col.offsets)
     offsets = offsets - offsets[0]
     lens = np.diff(offsets)
