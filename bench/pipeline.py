@@ -75,15 +75,17 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     from workbench.analysis import StepColumns, metrics_frame
 
     files = sorted((run_dir / "events").glob("*.jsonl"))
-    old, new, loads = [], [], []
+    old, new, loads, old_cpu, new_cpu = [], [], [], [], []
     for _ in range(reps):
         loads.append(os.getloadavg()[0])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         a = metrics_frame(EventReader(run_dir).poll())
         old.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        old_cpu.append(time.process_time() - c0)
+        t0, c0 = time.perf_counter(), time.process_time()
         b = StepColumns(run_dir).frame()
         new.append(time.perf_counter() - t0)
+        new_cpu.append(time.process_time() - c0)  # both of pyarrow's threads: what the other users' load cannot inflate as much
     n = len(b)
     same = a.equals(b)
     events = sum(p.read_bytes().count(b"\n") for p in files)
@@ -122,7 +124,7 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     med = statistics.median
     return {"events": events, "step_rows": n, "reps": reps, "same_frame": same,
             "old_s": med(old), "new_s": med(new), "old_per_s": n / med(old), "new_per_s": n / med(new),
-            "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
+            "old_cpu_s": med(old_cpu), "new_cpu_s": med(new_cpu), "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
 
 
 def _median_s(fn, reps: int) -> float:

@@ -136,7 +136,9 @@ def pipeline_section(pipe: dict) -> list[str]:
             f"median of {mp['reps']} interleaved, load (1 min) {mp['loadavg_1m']:.2f}: "
             f"dicts (`EventReader.poll` + `metrics_frame`, before) **{mp['old_per_s']:,.0f} steps/s** "
             f"({mp['old_s'] * 1e3:.0f} ms); columnar (`StepColumns`, pyarrow) **{mp['new_per_s']:,.0f} steps/s** "
-            f"({mp['new_s'] * 1e3:.0f} ms), {mp['old_s'] / mp['new_s']:.2f}× ; same DataFrame: {mp['same_frame']}",
+            f"({mp['new_s'] * 1e3:.0f} ms), {mp['old_s'] / mp['new_s']:.2f}× ; same DataFrame: {mp['same_frame']}"
+            + (f"; CPU time per call (all threads): before {mp['old_cpu_s'] * 1e3:.0f} ms, columnar "
+               f"{mp['new_cpu_s'] * 1e3:.0f} ms" if "new_cpu_s" in mp else ""),
             f"  - warm (a notebook cell on a live run): `metrics()` after 15 new step events "
             f"{mp['warm_s'] * 1e3:.1f} ms (parses only the new bytes; the held columns are concatenated, sorted only "
             f"when out of order)" + (f"; the dashboard's incremental `EventReader.poll()` of the same bytes "
@@ -435,11 +437,14 @@ def write(res: dict, out: Path, img: Path) -> None:
 
 NOTES = """\
 - **EventReader events/s and `metrics()`.** The reader builds one Python dict per line (orjson), which
-  bounds it on one core. `Run.metrics()` no longer goes through dicts: `StepColumns` parses each file's
-  new bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns; what remains is the
-  parse itself (half or more of a cold `metrics()`: 176 of 368 ms in section 4), the byte-level filter of non-step lines, and the
-  conversion to the same pandas dtypes as before (lists for nested fields). The dashboard's incremental
-  poll still needs dicts (its fold reads each event), on new bytes only.
+  bounds it on one core. `Run.metrics()` does not go through dicts: `StepColumns` parses each file's new
+  bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns and merges the files' columns
+  as numpy arrays (sorted only when out of order, list fields built through numpy). What remains is the
+  parse itself (its share is in section 4): on this machine's 2 shared cores pyarrow's parse alone does not
+  reach 1M lines/s under the other users' load, and neither polars' `read_ndjson` (with or without a
+  schema), an explicit pyarrow schema, nor pyarrow's CSV tokenizer over the same bytes beat it by enough
+  (measured for issue 19). The dashboard's incremental poll still needs dicts (its fold reads each event),
+  on new bytes only.
 - **Kill → participating (fresh process).** The recovery timeline splits it: the controller notices
   the dead job and submitit starts the next attempt (~1.5-3 s), Python + torch + torchft imports in the
   new process (~2-4 s), heal (~2 s: quorum, HTTP checkpoint fetch, the healing step). Imports and
