@@ -135,10 +135,15 @@ class StepColumns:
                     df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
                     self._chunks = [df]  # a live run adds a chunk per poll: concatenate each once
                     self._frame = _arrange(df.copy(deep=False))  # _arrange adds columns; the held chunk stays
+                elif not _t_sortable(cols):
+                    df = pd.DataFrame(cols, copy=False)
+                    self._chunks = [df]
+                    self._frame = _arrange(df.copy(deep=False))
                 else:
-                    if len(self._chunks) > 1:
-                        self._chunks = [pd.DataFrame(cols, copy=False)]
-                    self._frame = _arrange_columns(cols)
+                    # held in t order, so that the next poll's rows (later, the usual case) append in order
+                    df = pd.DataFrame(_in_t_order(cols), copy=False)
+                    self._chunks = [df]
+                    self._frame = _arrange_in_order(df)
         return self._frame.copy(deep=False)
 
     def _parse(self, data: bytes) -> Optional[pd.DataFrame]:
@@ -228,24 +233,29 @@ def _concat_columns(chunks: list[pd.DataFrame]) -> Optional[dict]:
     return out
 
 
-def _arrange_columns(cols: dict) -> pd.DataFrame:
-    """``_arrange`` over columns already held as arrays: missing ``STEP_COLUMNS`` as None, the column
-    order, and rows in stable ``t`` order (no reordering at all when they already are, the usual case
-    for one file; across files, numpy's stable sort merges the files' sorted runs)."""
-    n = len(next(iter(cols.values())))
+def _t_sortable(cols: dict) -> bool:
     t = cols.get("t")
-    if not isinstance(t, np.ndarray) or t.dtype.kind not in "if":
-        return _arrange(pd.DataFrame(cols, copy=False))
-    order = None if n < 2 or bool((t[1:] >= t[:-1]).all()) else np.argsort(t, kind="stable")
-    frame = {}
-    for name in STEP_COLUMNS + [c for c in cols if c not in STEP_COLUMNS and c not in _DROPPED]:
-        col = cols.get(name)
-        if col is None:
-            col = np.full(n, None, dtype=object)
-        elif order is not None:
-            col = col.take(order)
-        frame[name] = col
-    return pd.DataFrame(frame, copy=False)
+    return isinstance(t, np.ndarray) and t.dtype.kind in "if"
+
+
+def _in_t_order(cols: dict) -> dict:
+    """The columns' rows in stable ``t`` order, as ``_arrange``'s sort puts them (NaN last). Nothing is
+    moved when they already are in order (one file, or new rows after the held ones); across files
+    numpy's stable sort merges the files' sorted runs."""
+    t = cols["t"]
+    if len(t) < 2 or bool((t[1:] >= t[:-1]).all()):
+        return cols
+    order = np.argsort(t, kind="stable")
+    return {name: col.take(order) for name, col in cols.items()}
+
+
+def _arrange_in_order(df: pd.DataFrame) -> pd.DataFrame:
+    """``_arrange`` of rows already in ``t`` order: missing ``STEP_COLUMNS`` as None and the column order."""
+    df = df.copy(deep=False)
+    for col in STEP_COLUMNS:
+        if col not in df:
+            df[col] = None
+    return df[STEP_COLUMNS + [c for c in df.columns if c not in STEP_COLUMNS and c not in _DROPPED]]
 
 
 _KIND_STEP = b'"kind": "step"'
