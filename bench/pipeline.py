@@ -75,7 +75,7 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     from workbench.analysis import StepColumns, metrics_frame
 
     files = sorted((run_dir / "events").glob("*.jsonl"))
-    old, new, loads, old_cpu, new_cpu = [], [], [], [], []
+    old, new, loads, old_cpu, new_cpu, parse = [], [], [], [], [], []
     for _ in range(reps):
         loads.append(os.getloadavg()[0])
         t0, c0 = time.perf_counter(), time.process_time()
@@ -86,6 +86,9 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
         b = StepColumns(run_dir).frame()
         new.append(time.perf_counter() - t0)
         new_cpu.append(time.process_time() - c0)  # both of pyarrow's threads: what the other users' load cannot inflate as much
+        t0 = time.perf_counter()
+        _read_and_parse(files)  # the floor under the columnar path, in the same loop
+        parse.append(time.perf_counter() - t0)
     n = len(b)
     same = a.equals(b)
     events = sum(p.read_bytes().count(b"\n") for p in files)
@@ -124,7 +127,17 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     med = statistics.median
     return {"events": events, "step_rows": n, "reps": reps, "same_frame": same,
             "old_s": med(old), "new_s": med(new), "old_per_s": n / med(old), "new_per_s": n / med(new),
-            "old_cpu_s": med(old_cpu), "new_cpu_s": med(new_cpu), "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
+            "parse_s": med(parse), "old_cpu_s": med(old_cpu), "new_cpu_s": med(new_cpu), "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
+
+
+def _read_and_parse(files: list[Path]) -> None:
+    """Each file's bytes through pyarrow's JSON reader, nothing more: what no columnar path can go below."""
+    import io
+
+    import pyarrow.json as pj
+
+    for p in files:
+        pj.read_json(io.BytesIO(p.read_bytes()))
 
 
 def _median_s(fn, reps: int) -> float:
