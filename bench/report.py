@@ -439,12 +439,13 @@ NOTES = """\
 - **EventReader events/s and `metrics()`.** The reader builds one Python dict per line (orjson), which
   bounds it on one core. `Run.metrics()` does not go through dicts: `StepColumns` parses each file's new
   bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns and merges the files' columns
-  as numpy arrays (sorted only when out of order, list fields built through numpy). What remains is the
-  parse itself (its share is in section 4): on this machine's 2 shared cores pyarrow's parse alone does not
-  reach 1M lines/s under the other users' load, and neither polars' `read_ndjson` (with or without a
-  schema), an explicit pyarrow schema, nor pyarrow's CSV tokenizer over the same bytes beat it by enough
-  (measured for issue 19). The dashboard's incremental poll still needs dicts (its fold reads each event),
-  on new bytes only.
+  as numpy arrays (sorted only when out of order, list fields built through numpy). Reading and parsing the
+  bytes alone is about half of a cold `metrics()` (section 4) and by itself runs at about 1M lines/s only
+  when the 2 cores are not taken by other users' training; the rest (step filter, 50,000 Python lists for
+  `batch_seed`, merge) roughly doubles right after a dict-heavy call. Neither polars' `read_ndjson` (with or
+  without a schema), an explicit pyarrow schema, nor pyarrow's CSV tokenizer over the same bytes parsed
+  faster by enough (measured for issue 19). The dashboard's incremental poll still needs dicts (its fold
+  reads each event), on new bytes only.
 - **Kill → participating (fresh process).** The recovery timeline splits it: the controller notices
   the dead job and submitit starts the next attempt (~1.5-3 s), Python + torch + torchft imports in the
   new process (~2-4 s), heal (~2 s: quorum, HTTP checkpoint fetch, the healing step). Imports and
