@@ -65,7 +65,9 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
 
     old: ``EventReader.poll()`` (one dict per line) then ``metrics_frame``; new: ``StepColumns`` (each
     file's bytes into columns). Also: a warm ``frame()`` after 15 new step events (a notebook cell on a
-    live run), and the candidates measured when the path was chosen, where installed.
+    live run) and the dashboard's incremental ``EventReader.poll()`` of the same new bytes, and the
+    candidates measured when the path was chosen, where installed: their parse alone is the floor
+    under the cold figure.
     """
     import io
     import os
@@ -73,28 +75,38 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     from workbench.analysis import StepColumns, metrics_frame
 
     files = sorted((run_dir / "events").glob("*.jsonl"))
-    old, new, loads = [], [], []
+    old, new, loads, old_cpu, new_cpu, parse = [], [], [], [], [], []
     for _ in range(reps):
         loads.append(os.getloadavg()[0])
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         a = metrics_frame(EventReader(run_dir).poll())
         old.append(time.perf_counter() - t0)
-        t0 = time.perf_counter()
+        old_cpu.append(time.process_time() - c0)
+        t0, c0 = time.perf_counter(), time.process_time()
         b = StepColumns(run_dir).frame()
         new.append(time.perf_counter() - t0)
+        new_cpu.append(time.process_time() - c0)  # both of pyarrow's threads: what the other users' load cannot inflate as much
+        t0 = time.perf_counter()
+        _read_and_parse(files)  # the floor under the columnar path, in the same loop
+        parse.append(time.perf_counter() - t0)
     n = len(b)
     same = a.equals(b)
     events = sum(p.read_bytes().count(b"\n") for p in files)
     cols = StepColumns(run_dir)
     cols.frame()
+    reader = EventReader(run_dir)
+    reader.poll()
     w = EventWriter(run_dir, "replica-0.attempt-0", run="bench", replica=0, attempt=0)
-    warm = []
+    warm, poll = [], []
     for k in range(reps):
         for i in range(15):
             w.emit("step", **step_fields(10_000_000 + 15 * k + i, 0))
         t0 = time.perf_counter()
         cols.frame()
         warm.append(time.perf_counter() - t0)
+        t0 = time.perf_counter()
+        reader.poll()  # what the dashboard's fold reads on each poll
+        poll.append(time.perf_counter() - t0)
     w.close()
     cands: dict = {}
     data = [p.read_bytes() for p in files]
@@ -115,7 +127,17 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     med = statistics.median
     return {"events": events, "step_rows": n, "reps": reps, "same_frame": same,
             "old_s": med(old), "new_s": med(new), "old_per_s": n / med(old), "new_per_s": n / med(new),
-            "warm_s": med(warm), "loadavg_1m": med(loads), "candidates_s": cands}
+            "parse_s": med(parse), "old_cpu_s": med(old_cpu), "new_cpu_s": med(new_cpu), "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
+
+
+def _read_and_parse(files: list[Path]) -> None:
+    """Each file's bytes through pyarrow's JSON reader, nothing more: what no columnar path can go below."""
+    import io
+
+    import pyarrow.json as pj
+
+    for p in files:
+        pj.read_json(io.BytesIO(p.read_bytes()))
 
 
 def _median_s(fn, reps: int) -> float:

@@ -130,14 +130,22 @@ def pipeline_section(pipe: dict) -> list[str]:
         )
     mp = pipe.get("metrics")
     if mp:
+        floor = mp.get("parse_s")
         lines += [
             f"- `Run.metrics()` read path, cold, on the {mp['events']:,}-event log ({mp['step_rows']:,} step rows), "
             f"median of {mp['reps']} interleaved, load (1 min) {mp['loadavg_1m']:.2f}: "
             f"dicts (`EventReader.poll` + `metrics_frame`, before) **{mp['old_per_s']:,.0f} steps/s** "
             f"({mp['old_s'] * 1e3:.0f} ms); columnar (`StepColumns`, pyarrow) **{mp['new_per_s']:,.0f} steps/s** "
-            f"({mp['new_s'] * 1e3:.0f} ms), {mp['old_s'] / mp['new_s']:.2f}× ; same DataFrame: {mp['same_frame']}",
+            f"({mp['new_s'] * 1e3:.0f} ms), {mp['old_s'] / mp['new_s']:.2f}× ; same DataFrame: {mp['same_frame']}"
+            + (f"; CPU time per call (all threads): before {mp['old_cpu_s'] * 1e3:.0f} ms, columnar "
+               f"{mp['new_cpu_s'] * 1e3:.0f} ms" if "new_cpu_s" in mp else ""),
             f"  - warm (a notebook cell on a live run): `metrics()` after 15 new step events "
-            f"{mp['warm_s'] * 1e3:.1f} ms (parses only the new bytes; the concatenation and sort of the held rows remain)",
+            f"{mp['warm_s'] * 1e3:.1f} ms (parses only the new bytes; the held columns are concatenated, sorted only "
+            f"when out of order)" + (f"; the dashboard's incremental `EventReader.poll()` of the same bytes "
+                                     f"{mp['poll_warm_s'] * 1e3:.2f} ms" if "poll_warm_s" in mp else ""),
+            *([f"  - reading the files and pyarrow's parse alone, in the same loop: {floor * 1e3:.0f} ms "
+               f"({mp['step_rows'] / floor:,.0f} lines/s), {floor / mp['new_s'] * 100:.0f} % of the columnar "
+               f"`metrics()`; the rest is the step filter and the conversion to the DataFrame"] if floor else []),
             "  - candidates on the same bytes, parse only (no DataFrame), median: " + "; ".join(
                 f"{k} " + (f"{mp['step_rows'] / v:,.0f}/s ({v * 1e3:.0f} ms)" if v else "not installed")
                 for k, v in mp["candidates_s"].items()),
@@ -429,11 +437,15 @@ def write(res: dict, out: Path, img: Path) -> None:
 
 NOTES = """\
 - **EventReader events/s and `metrics()`.** The reader builds one Python dict per line (orjson), which
-  bounds it on one core. `Run.metrics()` no longer goes through dicts: `StepColumns` parses each file's
-  new bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns; what remains is the
-  parse itself (half or more of a cold `metrics()`: 176 of 368 ms in section 4), the byte-level filter of non-step lines, and the
-  conversion to the same pandas dtypes as before (lists for nested fields). The dashboard's incremental
-  poll still needs dicts (its fold reads each event), on new bytes only.
+  bounds it on one core. `Run.metrics()` does not go through dicts: `StepColumns` parses each file's new
+  bytes with pyarrow's JSON reader (1 MiB blocks on both cores) into columns and merges the files' columns
+  as numpy arrays (sorted only when out of order, list fields built through numpy). Reading and parsing the
+  bytes alone is about half of a cold `metrics()` (section 4) and by itself runs at about 1M lines/s only
+  when the 2 cores are not taken by other users' training; the rest (step filter, 50,000 Python lists for
+  `batch_seed`, merge) roughly doubles right after a dict-heavy call. Neither polars' `read_ndjson` (with or
+  without a schema), an explicit pyarrow schema, nor pyarrow's CSV tokenizer over the same bytes parsed
+  faster by enough (measured for issue 19). The dashboard's incremental poll still needs dicts (its fold
+  reads each event), on new bytes only.
 - **Kill → participating (fresh process).** The recovery timeline splits it: the controller notices
   the dead job and submitit starts the next attempt (~1.5-3 s), Python + torch + torchft imports in the
   new process (~2-4 s), heal (~2 s: quorum, HTTP checkpoint fetch, the healing step). Imports and

@@ -147,7 +147,7 @@ def new_lines(events_dir: Path, offsets: dict[Path, int]) -> Iterator[bytes]:
         if end < 0:
             continue
         offsets[path] = offset + end + 1
-        yield data[: end + 1]
+        yield data if end + 1 == len(data) else data[: end + 1]
 
 
 class EventReader:

@@ -16,6 +16,17 @@ Two ways to the same DataFrame:
   string where a later line has one; pyarrow errors instead, and an error
   sends the chunk down the exact per-line path.
 
+After the parse, the chunks are merged as numpy columns (rows reordered only
+when ``t`` is out of order: numpy's stable sort merges the files' sorted runs)
+and list fields become Python lists through numpy's ``tolist``, not arrow's
+``to_pylist``. Measured per stage on the same log (issue 19, load 1.1): read
+10 ms, line counts 6, pyarrow parse 102, step filter 5, to numpy 8, frames,
+merge and sort 11: the parse is the bound. No faster parser was found here:
+an explicit pyarrow schema (no gain), polars with a schema (87 vs pyarrow's
+101 ms in one session, slower in others), msgspec into structs (135 ms, one
+core), pyarrow's CSV tokenizer after rewriting ``": `` (56-67 vs 71-90 ms,
+and it would need its own JSON validation).
+
 A chunk pyarrow refuses (a malformed line, a diverged loss written as
 ``NaN``, a field whose type changes) is read line by line instead, exactly as
 :class:`~workbench.events.EventReader` does (bad lines counted in
@@ -75,7 +86,8 @@ class StepColumns:
     One byte offset per events file, as :class:`~workbench.events.EventReader`;
     each read parses only what was appended since, into a small DataFrame of
     that chunk's step rows, kept; ``frame()`` concatenates them (cached until
-    new rows arrive).
+    new rows arrive): as numpy columns when every chunk has the same columns
+    and dtypes, through pandas' alignment otherwise.
     """
 
     def __init__(self, run_dir: str | os.PathLike) -> None:
@@ -118,9 +130,20 @@ class StepColumns:
             if not self._chunks:
                 self._frame = _arrange(pd.DataFrame())
             else:
-                df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
-                self._chunks = [df]  # a live run adds a chunk per poll: concatenate each once
-                self._frame = _arrange(df.copy(deep=False))  # _arrange adds columns; the held chunk stays as read
+                cols = _concat_columns(self._chunks)
+                if cols is None:  # chunks of different columns or dtypes: pandas' own alignment
+                    df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
+                    self._chunks = [df]  # a live run adds a chunk per poll: concatenate each once
+                    self._frame = _arrange(df.copy(deep=False))  # _arrange adds columns; the held chunk stays
+                elif not _t_sortable(cols):
+                    df = pd.DataFrame(cols, copy=False)
+                    self._chunks = [df]
+                    self._frame = _arrange(df.copy(deep=False))
+                else:
+                    # held in t order, so that the next poll's rows (later, the usual case) append in order
+                    df = pd.DataFrame(_in_t_order(cols), copy=False)
+                    self._chunks = [df]
+                    self._frame = _arrange_in_order(df)
         return self._frame.copy(deep=False)
 
     def _parse(self, data: bytes) -> Optional[pd.DataFrame]:
@@ -180,6 +203,61 @@ def _concat(chunks: list[pd.DataFrame]) -> pd.DataFrame:
     return df
 
 
+def _concat_columns(chunks: list[pd.DataFrame]) -> Optional[dict]:
+    """The chunks' columns concatenated as numpy arrays, when every chunk has the same columns and dtypes
+    (what ``_concat`` then gives too, without pandas' alignment); None otherwise.
+
+    Object and string columns are concatenated as objects and re-inferred as ``_concat`` does.
+    """
+    first = chunks[0]
+    names, dtypes = list(first.columns), list(first.dtypes)
+    for c in chunks[1:]:
+        if list(c.columns) != names or list(c.dtypes) != dtypes:
+            return None
+    out: dict = {}
+    obj = []
+    for i, (name, dtype) in enumerate(zip(names, dtypes)):
+        if isinstance(dtype, np.dtype) and dtype.kind in "iufb":
+            parts = [c.iloc[:, i].to_numpy() for c in chunks]
+            out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
+        elif len(chunks) == 1:
+            out[name] = first.iloc[:, i].array
+        else:
+            obj.append(name)
+            out[name] = np.concatenate([c.iloc[:, i].to_numpy(dtype=object) for c in chunks])
+    if obj:
+        from pandas.core.internals.construction import convert_object_array
+
+        for name, arr in zip(obj, convert_object_array([out[n] for n in obj], dtype=None)):
+            out[name] = arr
+    return out
+
+
+def _t_sortable(cols: dict) -> bool:
+    t = cols.get("t")
+    return isinstance(t, np.ndarray) and t.dtype.kind in "if"
+
+
+def _in_t_order(cols: dict) -> dict:
+    """The columns' rows in stable ``t`` order, as ``_arrange``'s sort puts them (NaN last). Nothing is
+    moved when they already are in order (one file, or new rows after the held ones); across files
+    numpy's stable sort merges the files' sorted runs."""
+    t = cols["t"]
+    if len(t) < 2 or bool((t[1:] >= t[:-1]).all()):
+        return cols
+    order = np.argsort(t, kind="stable")
+    return {name: col.take(order) for name, col in cols.items()}
+
+
+def _arrange_in_order(df: pd.DataFrame) -> pd.DataFrame:
+    """``_arrange`` of rows already in ``t`` order: missing ``STEP_COLUMNS`` as None and the column order."""
+    df = df.copy(deep=False)
+    for col in STEP_COLUMNS:
+        if col not in df:
+            df[col] = None
+    return df[STEP_COLUMNS + [c for c in df.columns if c not in STEP_COLUMNS and c not in _DROPPED]]
+
+
 _KIND_STEP = b'"kind": "step"'
 _KIND = b'"kind": "'
 
@@ -213,17 +291,20 @@ def _arrow_chunk(data: bytes, lines: int, only_steps: bool) -> pd.DataFrame:
         raise ValueError("a line without kind")
     if "t" not in table.column_names:
         raise ValueError("no t")
-    table = table.filter(pc.equal(table.column("kind"), "step"))
+    mask = pc.equal(table.column("kind"), "step")
+    table = table.drop_columns([n for n in _DROPPED if n in table.column_names]).filter(mask)
     if not table.num_rows:
         return pd.DataFrame()
     cols, names = [], []
-    any_null = b": null" in data
+    any_null = None
     for name in table.column_names:
         if name in _DROPPED:
             continue
         col = table.column(name).combine_chunks()
         if col.null_count == len(col):
             if not only_steps:
+                if any_null is None:
+                    any_null = b": null" in data
                 if any_null and f'"{name}": null'.encode() in data:
                     raise ValueError(f"{name}: a line has it as null; which kind, only the bytes tell")
                 continue  # only lines of other kinds have it
@@ -252,12 +333,38 @@ def _to_numpy(col) -> np.ndarray:
     t = col.type
     if col.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
         arr = col.to_numpy(zero_copy_only=False)
-        return arr.astype(np.int64) if pa.types.is_integer(t) else arr
+        return arr.astype(np.int64, copy=False) if pa.types.is_integer(t) else arr
     if pa.types.is_floating(t):
         return col.to_numpy(zero_copy_only=False)
-    values = col.to_pylist() if (pa.types.is_nested(t) or col.null_count) else col.to_numpy(zero_copy_only=False)
+    if pa.types.is_list(t) and col.null_count == 0:
+        values = _lists(col)
+    else:
+        values = col.to_pylist() if (pa.types.is_nested(t) or col.null_count) else col.to_numpy(zero_copy_only=False)
     out = np.empty(len(values), dtype=object)
     out[:] = values
     if col.null_count:
         out[np.asarray(col.is_null())] = np.nan
     return out
+
+
+def _lists(col) -> list:
+    """A list column as Python lists, equal to ``to_pylist()`` (ints, floats, bools in each), without
+    a Python object per arrow scalar: the flat values go through numpy's ``tolist`` and are cut by the
+    offsets (measured: 31 ms for the benchmark's 50,000 ``batch_seed`` triples with ``to_pylist``)."""
+    import pyarrow as pa
+
+    flat = col.flatten()
+    vt = flat.type
+    if flat.null_count or not (pa.types.is_integer(vt) or pa.types.is_floating(vt) or pa.types.is_boolean(vt)):
+        return col.to_pylist()
+    items = flat.to_numpy(zero_copy_only=False)
+    if pa.types.is_integer(vt):
+        items = items.astype(np.int64, copy=False)
+    offsets = np.asarray(col.offsets)
+    offsets = offsets - offsets[0]
+    lens = np.diff(offsets)
+    if len(lens) and lens[0] > 0 and bool((lens == lens[0]).all()):
+        return items.reshape(len(lens), int(lens[0])).tolist()
+    items = items.tolist()
+    bounds = offsets.tolist()
+    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]
