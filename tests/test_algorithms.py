@@ -283,3 +283,21 @@ def test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung(sta
     run.stop(timeout=20)
     assert {e["replica"] for e in waited} == {0, 1}  # both peers sat in the sync while group 2 was stopped
     assert [h["target"] for h in hangs] == [2], hangs
+
+
+def test_the_comparison_table_leaves_out_a_window_a_sync_voted_down(tmp_path):
+    """One DiLoCo group syncing every 3 steps: the sync at 3 kept steps 1–3 (loss 2.0); the one at 6
+    was voted down, so 4–6 (loss 0.5, each provisionally ``committed``) were thrown away and are in
+    neither the final loss nor the step rate."""
+    from workbench import compare, rundir
+    from workbench.events import EventWriter
+
+    run_dir = rundir.create(tmp_path, "20250101-000000-vote-abcdef",
+                            load_spec("algorithms", ["ft.algorithm=diloco", "replicas=1", "min_replicas=1"]).to_dict())
+    w = EventWriter(run_dir, "replica-0.attempt-0", run="t", replica=0, attempt=0)
+    for s in range(1, 7):
+        w.emit("step", step=s, inner=s % 3 != 0, committed=s != 6, participating=True, participants=1,
+               algorithm="diloco", loss=2.0 if s <= 3 else 0.5, t=1000.0 + s)
+    row = compare.table([run_dir]).iloc[0]
+    assert row["final_loss"] == 2.0
+    assert row["steps_per_s"] == pytest.approx((3 - 1) / (1003.0 - 1001.0))

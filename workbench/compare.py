@@ -7,6 +7,10 @@ kernel. Tables are pandas, figures plotly.
 
 Figures in the table, per run:
 
+A semi-synchronous run's inner steps count as committed only once a sync
+kept them (``analysis.useful.decided``): a window that a voted-down sync threw
+away is in no figure.
+
 - ``final_loss``: the mean loss of committed, participating steps in the last
   5% of the run's committed steps (at least the last step), over every replica
   group, so one noisy batch does not decide a comparison; NaN when the run
@@ -37,6 +41,7 @@ from plotly.subplots import make_subplots
 
 from . import analysis
 from .analysis.figures import readable
+from .analysis.useful import decided
 from .run import Run, attach
 
 RunLike = Union[Run, str, os.PathLike]
@@ -95,14 +100,14 @@ def run_figures(run: Run) -> dict:
     refreshing a sweep recomputes only the runs that moved.
     """
     run.refresh()
-    events = run._events
     cached = _FIGURES.get(str(run.run_dir))
-    if cached is not None and cached[0] == len(events):
+    if cached is not None and cached[0] == len(run._events):
         return dict(cached[1])
-    curve = committed_losses(events)
+    events, judged = run._events, decided(run._events)  # the analyses decide for themselves
+    curve = committed_losses(judged)
     timeline = analysis.recovery_timeline(events)
     summary = analysis.summary(events, run.spec, timeline)
-    diverged = diverged_at(events)
+    diverged = diverged_at(judged)
     row: dict[str, Any] = {
         "run_id": run.id, "state": summary["state"],
         "final_loss": float("nan") if diverged is not None else final_loss(curve), "diverged_at": diverged,
@@ -114,9 +119,9 @@ def run_figures(run: Run) -> dict:
         except Exception:  # an analysis that cannot judge this run leaves the cell empty
             row["goodput"] = None
     row.update({SUMMARY_COLUMNS.get(k, k): summary.get(k) for k in SUMMARY_KEYS})
-    row["participants_at_fault"] = participants_at_first_fault(events)
+    row["participants_at_fault"] = participants_at_first_fault(judged)
     row["run_dir"] = str(run.run_dir)
-    _FIGURES[str(run.run_dir)] = (len(events), dict(row))
+    _FIGURES[str(run.run_dir)] = (len(run._events), dict(row))
     return row
 
 
@@ -229,7 +234,7 @@ def loss_figure(runs: Sequence[RunLike], labels: Optional[Sequence[str]] = None,
     fig = go.Figure()
     for i, (run, label) in enumerate(zip(runs, labels)):
         run.refresh()
-        curve = committed_losses(run._events)
+        curve = committed_losses(decided(run._events))
         xs = curve["step"] if x == "step" else curve["t"] - (curve["t"].min() if len(curve) else 0.0)
         fig.add_scatter(x=xs, y=curve["loss"], mode="lines", name=label, line=dict(color=colors[i], width=1.6),
                         hovertemplate=f"{label}<br>{x} %{{x}}<br>loss %{{y:.4f}}<extra></extra>")
