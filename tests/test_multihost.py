@@ -202,6 +202,41 @@ def test_a_rank_heals_alone_without_its_group():
 
 
 # -- the namespaced cluster -----------------------------------------------------
+def test_a_nodes_hosts_file_names_this_host_at_the_node_and_keeps_every_other_name(tmp_path):
+    """slurmd's /etc/hosts on node n2: this host's name at n2's address only; localhost and the rest as they were."""
+    from workbench.devcluster.config import write_hosts
+    from workbench.devcluster.layout import Layout
+
+    etc_hosts = tmp_path / "hosts"
+    etc_hosts.write_text("127.0.0.1 localhost\n127.0.0.1 runsc box # here\n::1 localhost ip6-localhost\n"
+                         "10.0.0.5 box\n")
+    layout = Layout(tmp_path / "state")
+    layout.etc.mkdir(parents=True)
+    paths = write_hosts(layout, {"n1": "198.18.0.11", "n2": "198.18.0.12"}, hostname="box", etc_hosts=etc_hosts)
+    names: dict[str, list[str]] = {}
+    for line in paths["n2"].read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        for name in fields[1:]:
+            names.setdefault(name, []).append(fields[0])
+    assert names == {"localhost": ["127.0.0.1", "::1"], "runsc": ["127.0.0.1"], "ip6-localhost": ["::1"],
+                     "box": ["198.18.0.12"]}, paths["n2"].read_text()
+
+
+@needs_cluster
+def test_down_removes_the_hosts_files_a_crashed_up_left(tmp_path):
+    from workbench.devcluster.config import write_hosts
+    from workbench.devcluster.layout import Layout, write_state
+
+    layout = Layout(tmp_path)
+    layout.etc.mkdir(parents=True)
+    write_state(layout, {"ports": {}, "user": "root", "daemons": {}, "network": None})
+    paths = write_hosts(layout, netns.addresses(devcluster.NODES))
+    assert all(p.is_file() for p in paths.values())
+    result = workbench_cli("cluster", "down", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert not [p for p in paths.values() if p.exists()]
+
+
 def _ours() -> dict:
     return netns.ours()
 
