@@ -103,6 +103,41 @@ def local_slurm(state_dir: Path, **up_kwargs):
                         proc.kill()
 
 
+def tcp_listeners(pids, nodes=()) -> list[tuple[str, str, int, str]]:
+    """(where, address, port, process) of every TCP listener of ``pids`` and their children, on this host's
+    network stack (where ``"head"``) and in the namespace of every dev cluster node in ``nodes`` (where its name)."""
+    import psutil
+
+    from workbench.devcluster import netns
+
+    pids = set(pids)
+    for pid in list(pids):
+        try:
+            pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
+        except psutil.NoSuchProcess:
+            pass
+    head = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, timeout=20, check=True).stdout
+    stacks = {"head": netns.parse_ss(head.splitlines()), **{name: netns.listeners(name) for name in nodes}}
+    return [(where, host, port, proc) for where, found in stacks.items() for host, port, proc in found
+            if any(f"pid={pid}," in proc for pid in pids)]
+
+
+def slurmd_pids(info) -> dict[str, int]:
+    """``info`` (``up()``'s result): node -> PID of its running slurmd (current: a test may have restarted one)."""
+    from workbench import devcluster
+
+    return {n: devcluster.slurmd_pid(info["slurm_conf"], n) for n in devcluster.NODES}
+
+
+def assert_slurmds_listen_on_their_nodes(listeners, info) -> None:
+    """Each slurmd listens at its port on its node's address (its NodeAddr) only, where that node's stack is."""
+    network = info["network"]
+    for node, pid in slurmd_pids(info).items():
+        where = node if network["mode"] == "netns" else "head"
+        found = {tuple(lst[:3]) for lst in listeners if f"pid={pid}," in lst[3]}
+        assert found == {(where, network["nodes"][node], info["ports"][f"slurmd-{node}"])}, (node, found)
+
+
 def slurm_prerequisites() -> list:
     """The marks of a module that runs on the local Slurm: Debian's slurm-wlm installed, and root (the dev
     cluster's slurmd runs jobs as root)."""

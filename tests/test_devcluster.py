@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import stat
 import subprocess
 import time
@@ -19,7 +20,9 @@ import pytest
 
 from workbench import devcluster
 
-from .conftest import local_slurm, slurm_prerequisites, workbench_cli
+from .conftest import (
+    assert_slurmds_listen_on_their_nodes, local_slurm, slurm_prerequisites, slurmd_pids, tcp_listeners, workbench_cli,
+)
 
 pytestmark = [
     pytest.mark.slurm,
@@ -204,6 +207,16 @@ def test_slurmd_pid_and_restart_slurmd(cluster):
     devcluster.restart_slurmd(conf, "n3")
     assert devcluster.slurmd_pid(conf, "n3") == restarted
     wait_for(lambda: devcluster.status(cluster["state_dir"])["nodes"].get("n3") == "idle", 30, "n3 idle")
+
+
+def test_each_slurmd_listens_on_its_node_address_only(cluster):
+    """At its port on its node's address (in its namespace; 127.0.0.1 with logical nodes), never a wildcard;
+    n3's too, which the test before restarted as a fault does. Its host name stays this host's in job steps."""
+    network = cluster["network"]
+    nodes = network["nodes"] if network["mode"] == "netns" else {}
+    assert_slurmds_listen_on_their_nodes(tcp_listeners(slurmd_pids(cluster).values(), nodes), cluster)
+    out = slurm("srun", "-w", "n3", "-A", cluster["account"], "hostname")
+    assert out.returncode == 0 and out.stdout.strip() == socket.gethostname(), out
 
 
 def test_slurmd_pid_refuses_a_slurmd_the_dev_cluster_did_not_start(cluster, tmp_path):

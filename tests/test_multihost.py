@@ -24,7 +24,9 @@ from workbench.devcluster import netns
 from workbench.events import EventReader, EventWriter
 from workbench.runstate import RunState
 
-from .conftest import REPO, local_slurm, workbench_cli
+from .conftest import (
+    REPO, assert_slurmds_listen_on_their_nodes, local_slurm, slurmd_pids, tcp_listeners, workbench_cli,
+)
 
 TEST_NET = ipaddress.ip_network("198.18.0.0/15")
 NEEDS_CLUSTER = [
@@ -200,6 +202,41 @@ def test_a_rank_heals_alone_without_its_group():
 
 
 # -- the namespaced cluster -----------------------------------------------------
+def test_a_nodes_hosts_file_names_this_host_at_the_node_and_keeps_every_other_name(tmp_path):
+    """slurmd's /etc/hosts on node n2: this host's name at n2's address only; localhost and the rest as they were."""
+    from workbench.devcluster.config import write_hosts
+    from workbench.devcluster.layout import Layout
+
+    etc_hosts = tmp_path / "hosts"
+    etc_hosts.write_text("127.0.0.1 localhost\n127.0.0.1 runsc box # here\n::1 localhost ip6-localhost\n"
+                         "10.0.0.5 box\n")
+    layout = Layout(tmp_path / "state")
+    layout.etc.mkdir(parents=True)
+    paths = write_hosts(layout, {"n1": "198.18.0.11", "n2": "198.18.0.12"}, hostname="box", etc_hosts=etc_hosts)
+    names: dict[str, list[str]] = {}
+    for line in paths["n2"].read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        for name in fields[1:]:
+            names.setdefault(name, []).append(fields[0])
+    assert names == {"localhost": ["127.0.0.1", "::1"], "runsc": ["127.0.0.1"], "ip6-localhost": ["::1"],
+                     "box": ["198.18.0.12"]}, paths["n2"].read_text()
+
+
+@needs_cluster
+def test_down_removes_the_hosts_files_a_crashed_up_left(tmp_path):
+    from workbench.devcluster.config import write_hosts
+    from workbench.devcluster.layout import Layout, write_state
+
+    layout = Layout(tmp_path)
+    layout.etc.mkdir(parents=True)
+    write_state(layout, {"ports": {}, "user": "root", "daemons": {}, "network": None})
+    paths = write_hosts(layout, netns.addresses(devcluster.NODES))
+    assert all(p.is_file() for p in paths.values())
+    result = workbench_cli("cluster", "down", "--dir", str(tmp_path))
+    assert result.returncode == 0, result.stderr
+    assert not [p for p in paths.values() if p.exists()]
+
+
 def _ours() -> dict:
     return netns.ours()
 
@@ -242,16 +279,18 @@ def test_where_namespaces_cannot_be_made_up_says_so_in_one_line_and_nodes_are_lo
 @needs_cluster
 def test_logical_nodes_run_jobs_and_the_head_daemons_listen_on_loopback_only(tmp_path):
     """``up(namespaces=False)``, the fallback: every node on 127.0.0.1, a job runs on n2, and slurmctld and
-    slurmdbd listen on 127.0.0.1 only (never a wildcard, which would be every interface of the machine)."""
+    slurmdbd listen on 127.0.0.1 only, and each slurmd on 127.0.0.1 at its own port (never a wildcard, which
+    would be every interface of the machine)."""
     with local_slurm(tmp_path / "slurm", namespaces=False) as info:
         assert info["network"]["mode"] == "logical" and set(info["network"]["nodes"].values()) == {"127.0.0.1"}
         out = subprocess.run(["srun", "-w", "n2", "-A", info["account"], "hostname"], capture_output=True,
                              text=True, timeout=60, env={**os.environ, "SLURM_CONF": info["slurm_conf"]})
         assert out.returncode == 0, out.stderr
         daemons = {d: info["pids"][d] for d in HEAD_DAEMONS}
-        listeners = _listeners(daemons.values(), {})
+        listeners = tcp_listeners([*daemons.values(), *slurmd_pids(info).values()], {})
         assert {(lst[1], lst[2]) for lst in listeners} == {
-            ("127.0.0.1", info["ports"]["slurmctld"]), ("127.0.0.1", info["ports"]["slurmdbd"])}, listeners
+            ("127.0.0.1", port) for port in info["ports"].values()}, listeners
+        assert_slurmds_listen_on_their_nodes(listeners, info)
 
 
 @pytest.fixture(scope="module")
@@ -280,8 +319,8 @@ def test_up_puts_each_node_in_its_own_namespace(cluster):
         assert os.stat(f"/proc/{slurmd.pid}/ns/net").st_ino == os.stat(f"/run/netns/{ns}").st_ino
         routes = subprocess.run(["ip", "-n", ns, "route", "show"], capture_output=True, text=True).stdout
         assert "default" not in routes and routes.strip(), routes  # no route off the machine
-        for host, port, proc in netns.listeners(name):
-            assert host in ("0.0.0.0", node["address"], "127.0.0.1"), (name, host, port, proc)
+        for host, port, proc in netns.listeners(name):  # slurmd's among them
+            assert host in (node["address"], "127.0.0.1"), (name, host, port, proc)
     assert ipaddress.ip_address(head) in TEST_NET
     # a job step on n2 is in n2's namespace: it has n2's address and reaches the head
     conf = cluster["slurm_conf"]
@@ -313,21 +352,6 @@ def _participating(run, replica: int, attempt: int, n: int = 1):
 HEAD_DAEMONS = ("slurmctld", "slurmdbd", "mariadbd", "munged")
 
 
-def _listeners(pids, nodes: dict) -> list[tuple[str, str, int, str]]:
-    """(where, address, port, process) of every TCP listener of ``pids`` and their children, on the head's
-    network stack (where ``"head"``) and in every node's namespace (where the node's name)."""
-    pids = set(pids)
-    for pid in list(pids):
-        try:
-            pids.update(c.pid for c in psutil.Process(pid).children(recursive=True))
-        except psutil.NoSuchProcess:
-            pass
-    head = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, timeout=20, check=True).stdout
-    stacks = {"head": netns.parse_ss(head.splitlines()), **{name: netns.listeners(name) for name in nodes}}
-    return [(where, host, port, proc) for where, found in stacks.items() for host, port, proc in found
-            if any(f"pid={pid}," in proc for pid in pids)]
-
-
 def _ready(run, replica: int) -> bool:
     return any(e["kind"] == "phase" and e.get("phase") == "manager_ready" and e.get("replica") == replica
                for e in run._events)
@@ -346,10 +370,11 @@ def test_titan_groups_over_two_nodes_bind_node_addresses_and_node_down_ends_ever
     """Two titan groups of one rank on each of two nodes (4 nodes in all; 4 CPUs a task keeps them apart).
 
     Once both groups' torchft Managers are up: each group runs on two nodes at
-    their addresses, every listener of the run's processes and of the head's
-    daemons is on its node's (or the head's) address or loopback, never a
-    wildcard; the lighthouse, slurmctld and slurmdbd on the head's, MariaDB on
-    none (its Unix socket only). Then ``node_down``
+    their addresses, every listener of the run's processes, of the head's
+    daemons and of every slurmd (and so of its job steps) is on its node's (or
+    the head's) address or loopback, never a wildcard; the lighthouse, slurmctld
+    and slurmdbd on the head's, each slurmd on its node's, MariaDB on none (its
+    Unix socket only). Then ``node_down``
     under group 1 ends both of its tasks (the one on the other node too).
     """
     pytest.importorskip("torchtitan")
@@ -364,9 +389,11 @@ def test_titan_groups_over_two_nodes_bind_node_addresses_and_node_down_ends_ever
 
     head = cluster["network"]["head"]
     daemons = {d: cluster["pids"][d] for d in HEAD_DAEMONS}
-    listeners = _listeners([*run.pids(), *daemons.values()], nodes)
-    # the head and every node have listeners: the rendezvous reached every node
-    assert {n for n, *_ in listeners} == {"head", *nodes}, listeners
+    slurmds = slurmd_pids(cluster)
+    listeners = tcp_listeners([*run.pids(), *daemons.values(), *slurmds.values()], nodes)
+    # the head and every node have listeners of the run: the rendezvous reached every node
+    of_run = tcp_listeners(run.pids(), nodes)
+    assert {n for n, *_ in of_run} == {"head", *nodes}, of_run
     own = {"head": head, **nodes}
     bad = [lst for lst in listeners if lst[1] not in (own[lst[0]], "127.0.0.1")]
     assert not bad, f"listeners on a wildcard or another address: {bad}"
@@ -374,6 +401,7 @@ def test_titan_groups_over_two_nodes_bind_node_addresses_and_node_down_ends_ever
         found = [lst for lst in listeners if f"pid={pid}," in lst[3]]
         assert found and all(lst[:2] == ("head", head) for lst in found), (pid, found)
     assert not [lst for lst in listeners if f"pid={daemons['mariadbd']}," in lst[3]]  # its Unix socket only
+    assert_slurmds_listen_on_their_nodes(listeners, cluster)
 
     procs = [psutil.Process(p.pid) for p in run.run_state.nodes.placement(1, 0)]
     run.kill(1, how="node_down", seconds=5)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import random
 import secrets
 import socket
+from pathlib import Path
 from typing import Mapping, Optional
 
 from .layout import (
@@ -17,6 +18,11 @@ from .layout import (
 
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
+# slurm.conf's CommunicationParameters, and slurmd.conf's: NoInAddrAny makes a Slurm program bind every listener
+# to the address its hostname resolves to (slurm_setup_addr), so slurmd alone reads it: an srun or sbatch on
+# the head reading it would listen on 127.0.0.1 (what this host's name resolves to), out of the nodes' reach.
+CTLD_PARAMS = "NoCtldInAddrAny"
+SLURMD_PARAMS = "NoCtldInAddrAny,NoInAddrAny"
 PORT_NAMES = ("slurmctld", "slurmdbd") + tuple(f"slurmd-{n}" for n in NODES)
 
 
@@ -77,7 +83,9 @@ ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost({head})
 SlurmctldPort={ports['slurmctld']}
 # slurmctld binds the address its hostname resolves to, not every interface (lifecycle: its hostname is the head's).
-CommunicationParameters=NoCtldInAddrAny
+CommunicationParameters={CTLD_PARAMS}
+# slurmd reads slurmd.conf (this file plus NoInAddrAny): without this, slurmctld logs a hash mismatch per node.
+DebugFlags=NO_CONF_HASH
 SlurmUser={user}
 SlurmdUser={user}
 AuthType=auth/munge
@@ -138,6 +146,34 @@ StoragePass={db_password(layout)}
 StorageLoc={DB_NAME}
 """
     layout.slurm_conf.write_text(slurm_conf)
+    layout.slurmd_conf.write_text(slurm_conf.replace(f"CommunicationParameters={CTLD_PARAMS}\n",
+                                                     f"CommunicationParameters={SLURMD_PARAMS}\n"))
     layout.slurmdbd_conf.write_text(slurmdbd_conf)
     # slurmdbd refuses a slurmdbd.conf that others can read (it holds the DB password).
     layout.slurmdbd_conf.chmod(0o600)
+
+
+def write_hosts(layout: Layout, node_addresses: Mapping[str, str], hostname: Optional[str] = None,
+                etc_hosts: Path = Path("/etc/hosts")) -> dict[str, Path]:
+    """Per node, ``etc_hosts`` with ``hostname`` (this host's) resolving to the node's address; node -> path.
+
+    Each node's slurmd sees its file as /etc/hosts (:func:`.daemons.as_node`), so with ``NoInAddrAny`` it
+    binds the node's address while its hostname, and so every job step's, stays this host's.
+    Every other name of ``etc_hosts`` (localhost among them) keeps its address.
+    """
+    hostname = hostname or socket.gethostname()
+    kept = []
+    for line in etc_hosts.read_text().splitlines():
+        fields = line.split("#", 1)[0].split()
+        if len(fields) >= 2 and hostname in fields[1:]:
+            names = [f for f in fields[1:] if f != hostname]
+            if names:
+                kept.append(" ".join([fields[0], *names]))
+        else:
+            kept.append(line)
+    paths = {}
+    for node, addr in node_addresses.items():
+        paths[node] = layout.hosts_of(node)
+        paths[node].write_text("\n".join(["# Written by workbench.devcluster for node " + node, *kept,
+                                          f"{addr} {hostname}"]) + "\n")
+    return paths

@@ -56,6 +56,21 @@ def as_host(address: str) -> list[str]:
     return ["unshare", "--uts", "--", "sh", "-c", 'hostname "$0" && exec "$@"', address]
 
 
+def as_node(hosts_file: os.PathLike | str) -> list[str]:
+    """The argv prefix that runs a command seeing ``hosts_file`` as /etc/hosts, in a mount namespace of its own.
+
+    For slurmd: with ``NoInAddrAny`` (slurmd.conf) it listens on the address its
+    hostname resolves to, and ``hosts_file`` maps this host's name to the node's
+    address. The hostname itself stays this host's, so job steps keep it (the
+    workbench tells its processes by host name). Job steps inherit the mount
+    namespace and so resolve the name to their node's address too. Propagation
+    ``slave``: mounts made on this host later still show inside; the bind mount
+    never shows outside, and goes with the last process of the namespace.
+    """
+    return ["unshare", "--mount", "--propagation", "slave", "--",
+            "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file)]
+
+
 def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[str, str]) -> None:
     """Start one daemon in the foreground in its own session; record its PID, start time and argv.
 

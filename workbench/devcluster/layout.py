@@ -49,6 +49,8 @@ class Layout:
         self.root = root
         self.etc = root / "etc"
         self.slurm_conf = self.etc / "slurm.conf"
+        # slurmd's own: slurm.conf plus NoInAddrAny, which no other Slurm program here may read (config.py).
+        self.slurmd_conf = self.etc / "slurmd.conf"
         # slurmdbd ignores -f and reads slurmdbd.conf beside $SLURM_CONF.
         self.slurmdbd_conf = self.etc / "slurmdbd.conf"
         self.log = root / "log"
@@ -73,6 +75,10 @@ class Layout:
         if path.name != "slurm.conf" or path.parent.name != "etc":
             return None
         return cls(path.parent.parent)
+
+    def hosts_of(self, node: str) -> Path:
+        """The hosts file bind-mounted over /etc/hosts for ``node``'s slurmd: this host's name -> the node's address."""
+        return self.etc / f"hosts-{node}"
 
     def log_of(self, daemon: str) -> Path:
         return self.log / f"{daemon}.log"

@@ -13,8 +13,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import choose_ports, write_configs
-from .daemons import alive, as_host, check_programs, daemon_env, run_client, start, stop_recorded, wait_until
+from .config import choose_ports, write_configs, write_hosts
+from .daemons import alive, as_host, as_node, check_programs, daemon_env, run_client, start, stop_recorded, wait_until
 from .layout import (
     ACCOUNT, CLUSTER_NAME, DAEMONS, NODES, PARTITION, DevClusterError, Layout, check_state_dir, locked,
     read_state, resolve_state_dir, write_state,
@@ -78,6 +78,7 @@ def down(state_dir: StateDir = None, timeout_s: float = 30.0) -> list[str]:
         stopped = stop_recorded(state, timeout_s=timeout_s)
         state["daemons"] = {}
         write_state(layout, state)
+        _remove_hosts(layout)
         remove_network()
     return stopped
 
@@ -218,6 +219,7 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
 
     namespaced = network["mode"] == "netns"
     write_configs(layout, ports, user, network["nodes"] if namespaced else None, head=network["head"])
+    hosts = write_hosts(layout, network["nodes"])
     env = daemon_env(layout)
 
     try:
@@ -234,7 +236,7 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
         for node in NODES:
             prefix = netns.exec_prefix(node) if namespaced else []
             start(layout, state, f"slurmd-{node}",
-                  [*prefix, "slurmd", "-D", "-N", node, "-f", str(layout.slurm_conf)], env)
+                  [*as_node(hosts[node]), *prefix, "slurmd", "-D", "-N", node, "-f", str(layout.slurmd_conf)], env)
         wait_until(lambda: _nodes_registered(layout), deadline, layout, "slurmd-n1")
         if not fresh_ctld:
             _resume_unusable_nodes(layout)
@@ -243,10 +245,17 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
         stop_recorded(state)
         state["daemons"] = {}
         write_state(layout, state)
+        _remove_hosts(layout)
         if namespaced:
             remove_network()
         raise
     return state
+
+
+def _remove_hosts(layout: Layout) -> None:
+    """The nodes' hosts files (:func:`.config.write_hosts`): each ``up`` writes them anew."""
+    for node in NODES:
+        layout.hosts_of(node).unlink(missing_ok=True)
 
 
 def _node_states(layout: Layout) -> dict[str, str]:

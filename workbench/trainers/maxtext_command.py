@@ -59,9 +59,10 @@ MULTI_PROCESS_HARDWARE = ("cpu", "gpu", "gpu_multiprocess")
 # tie the child's life to the wrapper, leave SIGUSR2 to it, report compile-cache hits/misses, give JAX's
 # preemption service a coordinator, then run MaxText's trainer. That coordinator serves this one process:
 # it listens on 127.0.0.1 (JAX's default bind address is [::], every interface). In a job of several
-# processes, JAX's gloo listens on the address gethostname() resolves to (127.0.0.1 here, and inside a node's
-# network namespace too); JAX has no setting for it, so its CPU backend factory is registered again with the
-# node's own address given to gloo (jaxlib's make_gloo_tcp_collectives takes it).
+# processes, JAX's gloo listens on the address gethostname() resolves to (127.0.0.1 here; on the dev cluster's
+# namespaced nodes their own address, but only through the hosts file slurmd's mount namespace shows, and on a
+# real cluster whatever its resolver says); JAX has no setting for it, so its CPU backend factory is registered
+# again with the node's own address given to gloo (jaxlib's make_gloo_tcp_collectives takes it).
 LAUNCHER = r"""
 import ctypes, json, os, runpy, signal, socket, sys
 ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
