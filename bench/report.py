@@ -101,11 +101,14 @@ def targets(res: dict) -> pd.DataFrame:
         add("per-step overhead vs plain DDP (samples/s, section 6)", "≤ 5 %", f"{_f(o * 100 if o is not None else None, '{:.1f}')} %",
             o <= 0.05 if o is not None else None, "heartbeat rates, interleaved")
     h = res.get("heal")
-    if h and h["heals"]:
-        best = max(x["bytes_per_s"] or 0 for x in h["heals"])
+    from .heal import replacement_heal
+
+    rh = replacement_heal(h) if h else None
+    if rh and rh.get("bytes_per_s"):
+        best = rh["bytes_per_s"]
         r = best / h["loopback"]["bytes_per_s"]
         add("heal throughput at ~250 MB vs a loopback copy (section 7)", "≥ 0.5×", f"{r:.2f}× ({best / 1e6:,.0f} MB/s)",
-            r >= 0.5, f"load {h['loadavg_1m']:.2f}")
+            r >= 0.5, f"the replacement's heal, {h.get('transport', 'http')}; load {h['loadavg_1m']:.2f}")
     s = st[st["trainer"] == "torchft-lite"]["submit_to_first_step_s"].dropna()
     add("submit → first committed step, local (torchft-lite)", "≤ 10 s",
         f"median {_f(s.median(), '{:.1f}')} s, max {_f(s.max(), '{:.1f}')} s ({len(s)} runs)" if len(s) else "–",
