@@ -85,9 +85,19 @@ HEAL_KEYS = ("replica", "attempt", "step", "bytes", "seconds", "bytes_per_s", "i
 def measure(root, window_s: float = 60.0, at_s: float = 15.0, log=print, transports=("pg", "http")) -> dict:
     """One run per transport (the default first), then the loopback copy; the first run's figures are the
     section's headline, the others are today's alternatives measured in the same session."""
-    runs = []
-    for tr in transports:
+    runs, loaded = [], {}
+
+    def probe() -> None:  # the same copy while the first run trains (the survivors' steps, after the heal)
+        loaded.update(loopback_copy(262_000_000), loadavg_1m=os.getloadavg()[0])
+
+    for i, tr in enumerate(transports):
+        timer = threading.Timer(at_s + 30.0, probe) if i == 0 else None
+        if timer:
+            timer.daemon = True
+            timer.start()
         rec = run_variant(variant(at_s, tr), window_s, root, log, startup_timeout=300.0)
+        if timer:
+            timer.join()
         heals = [e for e in rec.events if e.get("kind") == "heal" and e.get("bytes")]
         runs.append({"variant": rec.variant, "transport": tr, "loadavg_1m": rec.loadavg[0], "error": rec.error,
                      "heals": [{k: h.get(k) for k in HEAL_KEYS} for h in heals]})
@@ -95,6 +105,7 @@ def measure(root, window_s: float = 60.0, at_s: float = 15.0, log=print, transpo
     nbytes = max((h["bytes"] for r in runs for h in r["heals"]), default=250_000_000)
     out["loopback"] = loopback_copy(nbytes)
     out["loopback"]["loadavg_1m"] = os.getloadavg()[0]
+    out["loopback_under_training"] = loaded or None
     return out
 
 
@@ -132,4 +143,9 @@ def lines(h: dict) -> list[str]:
         out.append("")
     out.append(f"- plain loopback TCP copy of {lb['bytes'] / 1e6:,.0f} MB (same session, median of {lb['reps']}): "
                f"{_f(lb['seconds'])} s = **{lb['bytes_per_s'] / 1e6:,.0f} MB/s** (load {lb['loadavg_1m']:.2f})")
+    ul = h.get("loopback_under_training")
+    if ul:
+        out.append(f"- the same copy while the first run's groups train (not the target's baseline; what a heal "
+                   f"competes with): {_f(ul['seconds'])} s = **{ul['bytes_per_s'] / 1e6:,.0f} MB/s** "
+                   f"(load {ul['loadavg_1m']:.2f})")
     return out
