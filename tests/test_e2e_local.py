@@ -51,6 +51,7 @@ def test_kill_one_replica_survivors_keep_training_and_victim_heals(start_run):
     assert len(heals) == 1, heals
     heal = heals.iloc[0]
     assert heal["step"] >= survivors_step_at_kill and heal["bytes"] > 0
+    assert heal["transport"] == "pg"  # the default: torchft's PGTransport, received in place
     after = _committed(df, 1, attempt=1)
     # torchft's async quorum: the step it heals in is committed with the peers' gradients
     # (its own forward ran on the old weights and is zeroed), then it participates.
@@ -75,6 +76,21 @@ def test_kill_one_replica_survivors_keep_training_and_victim_heals(start_run):
     assert out.returncode == 0 and json.loads(out.stdout)["state"] == "completed"
     csv = workbench_cli("metrics", str(run.run_dir), "--csv")
     assert csv.returncode == 0 and csv.stdout.count("\n") == len(df) + 1
+
+
+def test_http_checkpoint_transport_heals_a_replacement_to_the_peers_weights(start_run):
+    """``torchft.checkpoint_transport: http`` (torchft's HTTPTransport, the non-default path) still heals:
+    the replacement fetches weights and AdamW state over HTTP and ends with its peers' weights."""
+    run = start_run("demo", ["steps=150", "faults=[]", "torchft.checkpoint_transport=http"])
+    run.wait_for_step(40, timeout=180)
+    run.kill(replica=1)
+    status = run.wait(timeout=300)
+    assert status["state"] == "completed", status
+    events = run.events()
+    heals = events[(events["kind"] == "heal") & (events["replica"] == 1) & (events["attempt"] == 1)]
+    assert len(heals) == 1 and heals.iloc[0]["transport"] == "http" and heals.iloc[0]["bytes"] > 0, heals
+    final = events[(events["kind"] == "exit") & (events["reason"] == "completed")]
+    assert set(final["replica"]) == {0, 1, 2} and final["weights"].nunique() == 1
 
 
 def test_hang_is_recorded_and_resumed_and_stop_cleans_up(start_run):

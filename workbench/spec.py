@@ -73,6 +73,11 @@ class TorchftSpec(_Section):
     use_async_quorum: bool = True
     structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
     step_timing: bool = False  # torchft-lite: per-phase seconds (t_<phase>_s) in each step event (bench/stepcost.py)
+    # torchft-lite heal: "pg" = torchft's PGTransport over the group's gloo process group, received in place
+    # into the model and AdamW state; "http" = torchft's HTTPTransport (``http_chunks`` > 0: chunked, in parallel).
+    # bench/heal.py measures both.
+    checkpoint_transport: Literal["pg", "http"] = "pg"
+    http_chunks: int = Field(0, ge=0, le=64)
 
 
 ALGORITHMS = ("ddp", "localsgd", "diloco", "streaming_diloco")

@@ -48,6 +48,24 @@ def build_model(m):
     return TinyDecoder()
 
 
+def init_adamw_state(opt) -> None:
+    """Create AdamW's per-parameter state now, as its first ``step`` would (``torch.optim.adam``'s lazy
+    init: a CPU float32 ``step`` of 0 and zeroed moments), so a heal can receive the peer's state into it
+    in place. The first step's arithmetic is unchanged: AdamW only initialises an empty state."""
+    import torch
+
+    for group in opt.param_groups:
+        assert not (group["fused"] or group["capturable"]), "init_adamw_state: plain (foreach/for-loop) AdamW only"
+        for p in group["params"]:
+            st = opt.state[p]
+            if not st:
+                st["step"] = torch.tensor(0.0, dtype=torch.get_default_dtype())
+                st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+                if group["amsgrad"]:
+                    st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+
+
 def warm_up_adamw(m) -> None:
     """One throwaway AdamW step: the first one imports and compiles a lot; pay for it before training."""
     import torch

@@ -6,7 +6,11 @@ Each step:
 
 1. ``optimizer.zero_grad()`` starts a quorum with the lighthouse (async: it
    overlaps the forward pass). A group that is behind is told to heal and
-   fetches the live peers' weights and optimizer state over HTTP.
+   receives a live peer's weights and optimizer state: by default over the
+   group's gloo process group, in place into its own model and AdamW tensors
+   (torchft's ``PGTransport``; ``torchft.checkpoint_transport: http`` for
+   torchft's HTTP transport). A new process waits for its first quorum before
+   its first forward pass, so that heal has the CPU (bench/heal.py).
 2. forward/backward; torchft's DDP all-reduces gradients over the current
    quorum's gloo process group (a healing group contributes zeros).
 3. ``should_commit()`` — every group votes; the step counts only if every
@@ -23,7 +27,7 @@ import time
 
 from .base import JobContext
 from .kit import Heartbeat, StopRequest, state_bytes, weights_checksum
-from .tiny_decoder import build_model, make_batch, warm_up_adamw
+from .tiny_decoder import build_model, init_adamw_state, make_batch, warm_up_adamw
 
 
 def run(ctx: JobContext) -> None:
@@ -61,6 +65,7 @@ def run(ctx: JobContext) -> None:
     warm_up_adamw(m)  # before joining a quorum
 
     heal_stats: dict = {}
+    waits: list = []
 
     class InstrumentedTransport(HTTPTransport):
         """HTTPTransport that measures what a heal fetched, for the ``heal`` event."""
@@ -68,12 +73,29 @@ def run(ctx: JobContext) -> None:
         def address(self) -> str:
             return loopback.loopback_address(self)
 
+        @classmethod
+        def _load_from_address(cls, address, timeout):
+            import urllib.request
+
+            from torchft.checkpointing._serialization import _streaming_load
+
+            t0 = time.perf_counter()
+            with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+                t1 = time.perf_counter()  # headers: the serving side has staged its state (allow_checkpoint)
+                out = _streaming_load(f, weights_only=False)
+            t2 = time.perf_counter()
+            waits.append((t0, t1, t2))
+            return out
+
         def recv_checkpoint(self, src_rank, metadata, step, timeout):
+            waits.clear()
             t0 = time.perf_counter()
             sd = super().recv_checkpoint(src_rank, metadata, step, timeout)
             seconds, nbytes = time.perf_counter() - t0, state_bytes(sd)
+            served = max(w[1] for w in waits) - t0 if waits else None
             heal_stats.update(
                 seconds=seconds, bytes=nbytes, from_address=metadata, src_rank=src_rank, step=step,
+                wait_s=served, transfer_s=seconds - served if served is not None else None, transport="http",
                 **loopback.heal_fields(metadata, seconds, nbytes),
             )
             return sd
@@ -87,9 +109,14 @@ def run(ctx: JobContext) -> None:
         return {"model": model.state_dict(), "optim": inner_opt.state_dict()}
 
     timeout = timedelta(seconds=tf["timeout_s"])
-    transport = InstrumentedTransport(timeout=timeout, num_chunks=0)
     store = loopback.loopback_store()
     pg = loopback.loopback_process_group_gloo()(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
+    if tf.get("checkpoint_transport", "pg") == "pg":
+        init_adamw_state(inner_opt)  # the heal receives into it in place; AdamW would create the same zeros lazily
+        transport = _pg_transport(pg, timeout, heal_stats, f"pg://{host}/replica_{ctx.replica}",
+                                  lambda: manager._manager_state_dict())
+    else:
+        transport = InstrumentedTransport(timeout=timeout, num_chunks=int(tf.get("http_chunks", 0)))
     allreduce_bytes = semi_sync.AllreduceBytes(pg)
     algorithm = (spec.get("ft") or {}).get("algorithm", "ddp")
     writer.emit(
@@ -167,6 +194,10 @@ def run(ctx: JobContext) -> None:
             t0 = time.perf_counter()
             iterations += 1
             optimizer.zero_grad()
+            if iterations == 1:
+                # A new process heals in its first quorum: let the heal have the CPU instead of a forward
+                # pass whose gradients torchft zeroes anyway (a healing group does not participate).
+                manager.wait_quorum()
             step_before = manager.current_step()
             x, y = make_batch(spec["seed"], step_before, ctx.replica, m["batch_size"], m["seq_len"], m["vocab_size"])
             if phases:
@@ -215,6 +246,64 @@ def run(ctx: JobContext) -> None:
     finally:
         beat.stop()
     _finish(writer, manager, model, reason, manager.current_step(), loop_t0, iterations)
+
+
+def _pg_transport(pg, timeout, heal_stats: dict, address: str, state_dict):
+    """torchft's PGTransport over the group's own gloo process group, measured for the ``heal`` event.
+
+    ``state_dict`` (the Manager's full state dict: the model's and AdamW's own tensors) makes the receive in
+    place: the bytes land in memory the process already holds, with no serialisation on either side and no
+    fresh allocation. ``metadata()`` is what the lighthouse hands the healing peer: this group's address.
+    ``wait_s`` is the time until the serving side's first message (it sends from its quorum thread after
+    its own reconfiguration), ``transfer_s`` the rest.
+    """
+    import torch
+    from torchft.checkpointing.pg_transport import PGTransport
+
+    from . import loopback
+
+    class _FirstRecv:
+        def __init__(self, inner, t0: float) -> None:
+            self.inner, self.t0, self.served = inner, t0, None
+
+        def recv(self, tensors, src, tag):
+            work = self.inner.recv(tensors, src, tag)
+            if self.served is not None:
+                return work
+            outer = self
+
+            class _Timed:
+                def wait(self, *a, **k):
+                    r = work.wait(*a, **k)
+                    outer.served = time.perf_counter() - outer.t0
+                    return r
+
+            return _Timed()
+
+        def __getattr__(self, name):
+            return getattr(self.inner, name)
+
+    class InstrumentedPGTransport(PGTransport):
+        def metadata(self) -> str:
+            return address
+
+        def recv_checkpoint(self, src_rank, metadata, step, timeout):
+            t0 = time.perf_counter()
+            first = _FirstRecv(pg, t0)
+            self._pg = first
+            try:
+                sd = super().recv_checkpoint(src_rank, metadata, step, timeout)
+            finally:
+                self._pg = pg
+            seconds, nbytes = time.perf_counter() - t0, state_bytes(sd)
+            heal_stats.update(
+                seconds=seconds, bytes=nbytes, from_address=metadata, src_rank=src_rank, step=step, transport="pg",
+                wait_s=first.served, transfer_s=seconds - first.served if first.served is not None else None,
+                **loopback.heal_fields(metadata, seconds, nbytes),
+            )
+            return sd
+
+    return InstrumentedPGTransport(pg, timeout, torch.device("cpu"), state_dict=state_dict)
 
 
 def _install_timing(manager, inner_opt):
