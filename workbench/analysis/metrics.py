@@ -62,14 +62,15 @@ def metrics_frame(events: list[dict]) -> pd.DataFrame:
     return _arrange(df)
 
 
-def _arrange(df: pd.DataFrame) -> pd.DataFrame:
+def _arrange(df: pd.DataFrame, in_t_order: bool = False) -> pd.DataFrame:
+    """Missing ``STEP_COLUMNS`` as None, the column order, rows in stable ``t`` order (``in_t_order``: they are)."""
     if df.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     for col in STEP_COLUMNS:
         if col not in df:
             df[col] = None
-    cols = STEP_COLUMNS + [c for c in df.columns if c not in STEP_COLUMNS and c not in _DROPPED]
-    return df[cols].sort_values(["t"], kind="stable").reset_index(drop=True)
+    df = df[STEP_COLUMNS + [c for c in df.columns if c not in STEP_COLUMNS and c not in _DROPPED]]
+    return df if in_t_order else df.sort_values(["t"], kind="stable").reset_index(drop=True)
 
 
 def max_committed_step(events: list[dict], replica: Optional[int] = None) -> int:
@@ -131,19 +132,13 @@ class StepColumns:
                 self._frame = _arrange(pd.DataFrame())
             else:
                 cols = _concat_columns(self._chunks)
+                in_t_order = cols is not None and _t_sortable(cols)
                 if cols is None:  # chunks of different columns or dtypes: pandas' own alignment
                     df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
-                    self._chunks = [df]  # a live run adds a chunk per poll: concatenate each once
-                    self._frame = _arrange(df.copy(deep=False))  # _arrange adds columns; the held chunk stays
-                elif not _t_sortable(cols):
-                    df = pd.DataFrame(cols, copy=False)
-                    self._chunks = [df]
-                    self._frame = _arrange(df.copy(deep=False))
-                else:
-                    # held in t order, so that the next poll's rows (later, the usual case) append in order
-                    df = pd.DataFrame(_in_t_order(cols), copy=False)
-                    self._chunks = [df]
-                    self._frame = _arrange_in_order(df)
+                else:  # held in t order where it can be, so that the next poll's (later) rows append in order
+                    df = pd.DataFrame(_in_t_order(cols) if in_t_order else cols, copy=False)
+                self._chunks = [df]  # a live run adds a chunk per poll: concatenate each once
+                self._frame = _arrange(df.copy(deep=False), in_t_order)  # _arrange adds columns; the held chunk stays
         return self._frame.copy(deep=False)
 
     def _parse(self, data: bytes) -> Optional[pd.DataFrame]:
@@ -247,15 +242,6 @@ def _in_t_order(cols: dict) -> dict:
         return cols
     order = np.argsort(t, kind="stable")
     return {name: col.take(order) for name, col in cols.items()}
-
-
-def _arrange_in_order(df: pd.DataFrame) -> pd.DataFrame:
-    """``_arrange`` of rows already in ``t`` order: missing ``STEP_COLUMNS`` as None and the column order."""
-    df = df.copy(deep=False)
-    for col in STEP_COLUMNS:
-        if col not in df:
-            df[col] = None
-    return df[STEP_COLUMNS + [c for c in df.columns if c not in STEP_COLUMNS and c not in _DROPPED]]
 
 
 _KIND_STEP = b'"kind": "step"'
