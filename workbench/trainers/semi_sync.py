@@ -141,16 +141,12 @@ class SemiSync:
         prepare, perform = frag.prepare_sync, frag.perform_sync
 
         def timed_prepare() -> None:
-            t0 = time.perf_counter()
-            with self._waiting("sync"):
+            with self._in_sync():
                 prepare()
-            self._blocked += time.perf_counter() - t0
 
         def timed_perform() -> bool:
-            t0 = time.perf_counter()
-            with self._waiting("sync"):
+            with self._in_sync():
                 committed = perform()
-            self._blocked += time.perf_counter() - t0
             self._end(i)
             return committed
 
@@ -161,13 +157,19 @@ class SemiSync:
         start_quorum = self.manager.start_quorum
 
         def timed(*args, **kwargs):
-            t0 = time.perf_counter()
             self._bytes0, self._step0 = self.counter.total, self.manager.current_step()
-            with self._waiting("sync"):
+            with self._in_sync():
                 start_quorum(*args, **kwargs)
-            self._blocked += time.perf_counter() - t0
 
         self.manager.start_quorum = timed
+
+    @contextlib.contextmanager
+    def _in_sync(self):
+        """A blocking part of a sync: its time counts as blocked, and the heartbeat says the group waits for peers."""
+        t0 = time.perf_counter()
+        with self._waiting("sync"):
+            yield
+        self._blocked += time.perf_counter() - t0
 
     def _begin(self, fragment: Optional[int]) -> None:
         self._t = time.perf_counter()
