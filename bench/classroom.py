@@ -7,6 +7,13 @@ whether relaunch and spares kept up), memory (RSS, PSS, USS) and CPU per torchft
 the dashboard's time for one update at 32 groups (median of repeated updates, kernel side: new
 events read, folded, every panel and both plots rendered to their widget state).
 
+``--pairs K`` runs K shorter pairs instead, interleaved: chaos then fault-free, then fault-free then
+chaos, and so on (each chaos half with its own ``chaos.seed``), and reports the median of the pairs'
+ratios. Two 25-minute halves run one after the other here differed by 16 % in median step time with no
+fault in the slower one (docs/classroom.md): the machine's drift, not the faults, decided that ratio.
+Alternating the order cancels a drift that is linear in time over each two pairs, and the median
+keeps one disturbed pair from deciding the figure.
+
 ``--scale 8,16,24,32`` measures instead how the machine holds N groups: a short fault-free run at
 each N, memory and CPU per group process, step time, useful samples/s.
 
@@ -143,6 +150,39 @@ def summarize(rec: dict) -> dict:
     return out
 
 
+def retained_over_pairs(pairs: list[tuple[dict, dict]]) -> dict:
+    """Throughput retained over (chaos, fault-free) summaries: each pair's ratio, their median, and
+    the pooled ratio (all useful samples under chaos ÷ all fault-free ones, per second of window)."""
+    ratios = [c["useful_samples_per_s"] / f["useful_samples_per_s"] for c, f in pairs
+              if c["useful_samples_per_s"] and f["useful_samples_per_s"]]
+    chaos = sum(c["useful_samples"] for c, _ in pairs) / sum(c["window_s"] for c, _ in pairs)
+    clean = sum(f["useful_samples"] for _, f in pairs) / sum(f["window_s"] for _, f in pairs)
+    return {"ratios": ratios, "median": statistics.median(ratios) if len(ratios) == len(pairs) else None,
+            "pooled": chaos / clean if clean else None,
+            "faults": sum(c["faults"] for c, _ in pairs),
+            "final_loss_median": {"chaos": statistics.median(c["final_loss_median"] for c, _ in pairs),
+                                  "fault_free": statistics.median(f["final_loss_median"] for _, f in pairs)}}
+
+
+def interleaved(pairs: int, window_s: float, overrides: dict, root: Path, log=print) -> dict:
+    """``pairs`` (chaos, fault-free) pairs in ABBA order (see the module docstring)."""
+    chaos_spec = classroom_spec(overrides)
+    seed = chaos_spec.chaos.seed
+    done = []
+    for i in range(pairs):
+        chaos = classroom_spec({**overrides, "chaos.seed": seed + i})
+        clean = classroom_spec({**overrides, "chaos": None})
+        order = ("chaos", "fault-free") if i % 2 == 0 else ("fault-free", "chaos")
+        got = {half: summarize(run_window(chaos if half == "chaos" else clean, window_s, root, log))
+               for half in order}
+        done.append((got["chaos"], got["fault-free"]))
+        c, f = done[-1]
+        log(f"pair {i} ({' then '.join(order)}): retained {c['useful_samples_per_s'] / f['useful_samples_per_s']:.3f} "
+            f"({c['useful_samples_per_s']:.1f} / {f['useful_samples_per_s']:.1f}), {c['faults']} faults "
+            f"{c['fault_kinds']}, median step {c['step_time_s_median'] * 1000:.1f} / {f['step_time_s_median'] * 1000:.1f} ms")
+    return {"pairs": [{"chaos": c, "fault_free": f} for c, f in done], **retained_over_pairs(done)}
+
+
 def render_time(root: Path, groups: int = 32, history_steps: int = 600, reps: int = 15) -> dict:
     """One dashboard update at ``groups`` groups: each rep appends one step per group (and a fault
     every 5th) to a real run directory, then times ``Dashboard.update()`` (read, fold, render all)."""
@@ -193,6 +233,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.classroom", description=__doc__.splitlines()[0])
     ap.add_argument("--minutes", type=float, default=30.0, help="each half's window (chaos, then fault-free)")
     ap.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    ap.add_argument("--pairs", type=int, default=None,
+                    help="K interleaved pairs of --minutes halves (chaos/fault-free, then fault-free/chaos, ...): "
+                         "the median of their ratios")
     ap.add_argument("--scale", default=None, help="comma-separated group counts: measure memory/CPU/step time instead")
     ap.add_argument("--scale-window", type=float, default=40.0)
     ap.add_argument("--half", choices=("chaos", "fault-free"), default=None,
@@ -218,6 +261,15 @@ def main(argv: Optional[list[str]] = None) -> int:
                 print(json.dumps({k: s[k] for k in ("groups", "useful_samples_per_s", "step_time_s_median",
                                                      "memory", "loadavg_at_start")}, default=str))
                 results["scale"].append(s)
+        elif args.pairs:
+            got = interleaved(args.pairs, args.minutes * 60, overrides, root)
+            results["interleaved"] = got
+            first = got["pairs"][0]["chaos"]
+            print(f"throughput retained, median of {args.pairs} interleaved pairs {got['median']:.3f} "
+                  f"(target >= 0.977; pairs {', '.join(f'{r:.3f}' for r in got['ratios'])}; pooled {got['pooled']:.3f}); "
+                  f"{got['faults']} faults in {args.pairs} x {args.minutes * 60:.0f} s, {first['groups']} groups + "
+                  f"{first['spares']} spares, final loss {got['final_loss_median']['chaos']:.4f} "
+                  f"(fault-free {got['final_loss_median']['fault_free']:.4f})")
         elif args.half:
             window = args.minutes * 60
             spec = classroom_spec(overrides if args.half == "chaos" else {**overrides, "chaos": None})
