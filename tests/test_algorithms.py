@@ -38,6 +38,8 @@ from workbench.spec_load import load_spec
          "<= model.layers + 2 (4)"),
         (["trainer=titan", "ft.algorithm=diloco", "ft.outer_momentum=0.5"], "ft.outer_momentum (0.5)",
          "trainer titan cannot set it"),
+        (["ft.algorithm=ddp", "ft.catch_up=true"], "catch_up", "only for a semi-synchronous ft.algorithm"),
+        (["trainer=titan", "ft.algorithm=diloco", "ft.catch_up=true"], "ft.catch_up", "for trainer torchft-lite"),
     ],
 )
 def test_bad_ft_section_is_refused_in_one_line_naming_the_field(overrides, field, allowed):
@@ -283,6 +285,39 @@ def test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung(sta
     run.stop(timeout=20)
     assert {e["replica"] for e in waited} == {0, 1}  # both peers sat in the sync while group 2 was stopped
     assert [h["target"] for h in hangs] == [2], hangs
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("catch_up", [False, True])
+def test_a_group_frozen_mid_window_holds_its_peers_at_the_next_sync_unless_it_catches_up(start_run, catch_up):
+    """Three DiLoCo groups meet every 40 inner steps of ~0.1 s. Group 2 is stopped (SIGSTOP) for 2 s
+    five steps into a window, and runs again 2 s behind its peers, well before their sync. Without
+    ``ft.catch_up`` the peers reach the sync and wait there for it (the lighthouse holds the quorum
+    for a heartbeating member of the last one): about the 2 s it is behind. With it, group 2 ends its
+    window at its next inner step (``early``), is at the sync first, and the peers' sync takes a
+    normal sync's time (under 1 s, the lighthouse's heartbeat timeout)."""
+    run = start_run("algorithms", ["ft.algorithm=diloco", "ft.sync_every=40", "replicas=3", "min_replicas=2",
+                                   "model.step_delay_s=0.1", "heartbeat_s=0.3", "torchft.pg_timeout_ms=8000",
+                                   "steps=100000", "faults=[]", f"ft.catch_up={str(catch_up).lower()}"])
+    syncs = lambda r, replicas: [s for s in r._events if s["kind"] == "sync" and s.get("replica") in replicas
+                                 and s.get("committed") and not s.get("join")]
+    run.wait_for(lambda r: len([s for s in syncs(r, (0, 1, 2)) if s.get("participants") == 3]) >= 3, timeout=120)
+    n = len(run._events)
+    run.wait_for(lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 40 == 5
+                               for e in r._events[n:]), timeout=30)
+    fault = run.kill(replica=2, how="hang", seconds=2)
+    after = lambda r: [s for s in syncs(r, (0, 1, 2)) if s["t"] > fault["t"] + 2]
+    run.wait_for(lambda r: {s["replica"] for s in after(r)} == {0, 1, 2}, timeout=60)
+    first = {}
+    for s in after(run):
+        first.setdefault(s["replica"], s)
+    run.stop(timeout=20)
+    assert first[2]["participants"] == 3 and first[2].get("early", False) is catch_up, first[2]
+    peers_blocked = [first[r]["seconds"] for r in (0, 1)]
+    if catch_up:
+        assert max(peers_blocked) < 1.0, peers_blocked
+    else:
+        assert min(peers_blocked) > 1.5, peers_blocked
 
 
 def test_the_comparison_table_leaves_out_a_window_a_sync_voted_down(tmp_path):

@@ -101,6 +101,10 @@ class FtSpec(_Section):
     inner steps, the result mixed into the local weights by ``fragment_update_alpha``.
     ``quantize``: torchft's quantized all-reduce of the pseudo-gradients (Triton on CUDA only;
     torchft falls back to a plain all-reduce silently elsewhere, so the spec refuses it there).
+    ``catch_up`` (torchft-lite): a group whose inner step stalled for longer than the lighthouse's
+    ``heartbeat_timeout_ms`` (it was frozen) ends its window at its next inner step instead of
+    finishing it (see ``trainers/semi_sync.py``, "Catching up"). Off by default: the algorithms
+    run as torchft implements them, with a fixed ``sync_every``.
 
     A semi-synchronous run's groups meet only at syncs: the lighthouse's
     ``join_timeout_ms`` is how long a group at a sync waits for a peer that is
@@ -119,6 +123,7 @@ class FtSpec(_Section):
     outer_momentum: float = Field(0.9, ge=0, lt=1)
     outer_nesterov: bool = True
     quantize: bool = False
+    catch_up: bool = False
 
     @model_validator(mode="after")
     def _rules(self) -> "FtSpec":
@@ -142,7 +147,7 @@ class FtSpec(_Section):
                                  f"({self.fragments}): one fragment syncs every sync_every / fragments steps")
         if algo == "localsgd":
             for key in changed:
-                if key != "sync_every":
+                if key not in ("sync_every", "catch_up"):
                     raise ValueError(f"{key}: only for ft.algorithm {' or '.join(DILOCO_FAMILY)}; "
                                      "localsgd averages the parameters, it has no outer optimizer")
         elif self.fragment_sync_delay >= self.sync_every // self.fragments:
@@ -413,6 +418,9 @@ class Spec(_Section):
                 if getattr(ft, key) != value:
                     raise ValueError(f"ft.{key} ({getattr(ft, key)}): trainer titan cannot set it; TorchTitan "
                                      f"builds DiLoCo's outer optimizer with {key.removeprefix('outer_')}={value}")
+        if self.trainer == "titan" and ft.catch_up:
+            raise ValueError("ft.catch_up: true is for trainer torchft-lite; TorchTitan's own semi-sync loop "
+                             "keeps a fixed sync_every")
         if self.trainer == "torchft-lite" and ft.fragments > self.model.layers + 2:
             raise ValueError(f"ft.fragments ({ft.fragments}) must be <= model.layers + 2 ({self.model.layers + 2}): "
                              "a fragment is the embeddings, one or more blocks, or the head")
