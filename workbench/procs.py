@@ -3,11 +3,18 @@
 A PID alone names a process only while it lives: after it exits (or the
 machine reboots) the number is reused, and the workbench's CLI may run as
 root on a login node. Every ``start`` event therefore records the process's
-identity: ``pid``, ``host`` and ``pid_start`` (the kernel's start time of that
-PID, psutil's ``create_time``, in seconds). Before a signal, :func:`matches`
-compares the live process's start time with the recorded one; a different or
-missing process is reported, never signalled. A record without ``pid_start``
-(written by an older workbench) is never signalled either.
+identity: ``pid``, ``host`` and ``pid_start`` (:func:`start_time`: when the
+kernel started that PID, in seconds since boot). Before a signal,
+:meth:`Proc.why_not` compares the live process's start time with the recorded
+one; a different or missing process is reported, never signalled. A record
+without ``pid_start`` (written by an older workbench) is never signalled
+either.
+
+Not psutil's ``create_time``: it adds ``btime`` from ``/proc/stat``, the boot
+time in whole seconds, which the kernel derives from the wall clock, so a
+clock adjustment moves it by a second. Seen in a CI run here: every daemon of
+a test's dev cluster, still running, read one second off its record, was taken
+for another process, and was left running when the cluster was brought down.
 """
 
 from __future__ import annotations
@@ -20,10 +27,21 @@ from typing import Optional
 import psutil
 
 HOST = socket.gethostname()
-START_TOLERANCE_S = 0.05  # create_time is derived from boot-relative clock ticks (10 ms)
+START_TOLERANCE_S = 0.05  # the start is counted in clock ticks (10 ms)
 
 
 def start_time(pid: int) -> Optional[float]:
+    """Seconds from boot to the start of ``pid`` (field 22 of ``/proc/PID/stat``, in clock ticks); None if
+    there is no such process. psutil's ``create_time`` where there is no ``/proc``."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()  # after the command name, which may hold anything
+        return round(int(fields[19]) / os.sysconf("SC_CLK_TCK"), 3)
+    except FileNotFoundError:
+        if os.path.isdir("/proc/self"):
+            return None
+    except (OSError, ValueError, IndexError):
+        return None
     try:
         return round(psutil.Process(pid).create_time(), 3)
     except (psutil.Error, OSError, ValueError):
@@ -66,11 +84,13 @@ class Proc:
             p = psutil.Process(self.pid)
             if p.status() == psutil.STATUS_ZOMBIE:
                 return f"pid {self.pid} has exited"
-            now = p.create_time()
+            now = start_time(self.pid)
         except psutil.NoSuchProcess:
             return f"pid {self.pid} has exited"
         except (psutil.Error, OSError) as e:
             return f"pid {self.pid}: {e}"
+        if now is None:
+            return f"pid {self.pid} has exited"
         if abs(now - self.started) > START_TOLERANCE_S:
             return f"pid {self.pid} is now another process (started {now:.2f}, recorded {self.started:.2f})"
         return None
@@ -98,10 +118,9 @@ class Proc:
             return []
         out = []
         for c in children:
-            try:
-                out.append(Proc(c.pid, HOST, round(c.create_time(), 3)))
-            except psutil.Error:
-                pass
+            started = start_time(c.pid)
+            if started is not None:
+                out.append(Proc(c.pid, HOST, started))
         return out
 
     def as_record(self) -> list:

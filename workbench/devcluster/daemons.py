@@ -3,8 +3,9 @@
 Every daemon runs with ``-D`` (or its foreground flag) as a child of the
 process that called ``up`` and in a session of its own, so it outlives that
 process and a terminal's hang-up. It is then known only by the ``pid`` and
-``create_time`` :func:`start` records in the state file; :func:`alive`
-compares both, so a PID the kernel has since reused is never signalled.
+``started`` (``workbench.procs.start_time``: seconds since boot, which no clock
+change moves) :func:`start` records in the state file; :func:`alive` compares
+both, so a PID the kernel has since reused is never signalled.
 """
 
 from __future__ import annotations
@@ -18,6 +19,8 @@ from pathlib import Path
 from typing import Any, Mapping, Optional
 
 import psutil
+
+from ..procs import START_TOLERANCE_S, start_time
 
 from .layout import NODES, DevClusterError, Layout, write_state
 
@@ -82,8 +85,7 @@ def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[s
                                 stderr=subprocess.STDOUT, start_new_session=True, cwd=layout.root)
     finally:
         out.close()
-    state["daemons"][name] = {"pid": proc.pid, "create_time": psutil.Process(proc.pid).create_time(),
-                              "argv": cmd}
+    state["daemons"][name] = {"pid": proc.pid, "started": start_time(proc.pid), "argv": cmd}
     write_state(layout, state)
 
 
@@ -93,8 +95,12 @@ def alive(entry: Optional[Mapping[str, Any]]) -> bool:
         return False
     try:
         proc = psutil.Process(entry["pid"])
-        return (abs(proc.create_time() - entry["create_time"]) < 0.5
-                and proc.status() != psutil.STATUS_ZOMBIE)
+        if "started" in entry:
+            now = start_time(entry["pid"])
+            same = now is not None and abs(now - entry["started"]) <= START_TOLERANCE_S
+        else:  # recorded by an older workbench: psutil's wall-clock create_time, which can move by 1 s
+            same = abs(proc.create_time() - entry["create_time"]) < 1.5
+        return same and proc.status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
 

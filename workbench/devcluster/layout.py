@@ -2,7 +2,7 @@
 
 One state directory holds everything (configs, logs, keys, databases, spools)
 and ``state.json``, the record of the daemons :func:`~workbench.devcluster.up`
-started: name -> ``pid``, ``create_time`` (so a reused PID is never taken for
+started: name -> ``pid``, ``started`` (so a reused PID is never taken for
 ours) and ``argv`` (so one daemon can be started again alone). Writers hold
 :func:`locked`; readers may read without it, since :func:`write_state` replaces
 the file atomically.
