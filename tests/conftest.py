@@ -101,6 +101,24 @@ def local_slurm(state_dir: Path, **up_kwargs):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     if proc.status() != psutil.STATUS_ZOMBIE:
                         proc.kill()
+            left = _processes_of(state_dir)
+            kill_pids(p.pid for p in left)
+        if left:  # down missed them (a CI run once left a whole cluster, and every cluster test after it failed)
+            pytest.fail(f"the dev cluster in {state_dir} left running: "
+                        + ", ".join(f"{p.pid} {p.info['name']}" for p in left))
+
+
+def _processes_of(state_dir: Path) -> list:
+    """Live processes whose command line or environment names ``state_dir`` (every dev cluster daemon does)."""
+    import psutil
+
+    mark, found = str(state_dir), []
+    for p in psutil.process_iter(["name", "cmdline", "environ", "status"]):
+        if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
+            continue
+        if any(mark in a for a in p.info["cmdline"] or ()) or any(mark in v for v in (p.info["environ"] or {}).values()):
+            found.append(p)
+    return found
 
 
 def tcp_listeners(pids, nodes=()) -> list[tuple[str, str, int, str]]:

@@ -122,6 +122,22 @@ def test_stop_without_a_controller_kills_the_runs_processes_and_spares_strangers
     assert stranger.poll() is None
 
 
+def test_a_run_recorded_with_wall_clock_start_times_is_still_stopped(tmp_path, sleeper):
+    """A workbench before 2026-12-03 recorded psutil's ``create_time`` (wall clock: boot time in whole
+    seconds, which a clock adjustment moves by one). Its runs' processes, read one second off after such
+    a move, are still its own: stop kills them; a stranger a minute off is spared."""
+    import psutil
+
+    run_dir = make_run(tmp_path)
+    ours, moved, stranger = sleeper(), sleeper(), sleeper()
+    for replica, proc, off in ((0, ours, 0.0), (1, moved, -1.0), (2, stranger, 60.0)):
+        EventWriter(run_dir, f"replica-{replica}.attempt-0", run="r1", replica=replica, attempt=0).emit(
+            "start", pid=proc.pid, pid_start=round(psutil.Process(proc.pid).create_time() + off, 3))
+    assert wb.attach(run_dir).stop(timeout=5)["state"] == "stopped"
+    assert ours.wait(timeout=10) == -9 and moved.wait(timeout=10) == -9
+    assert stranger.poll() is None
+
+
 @pytest.mark.parametrize("how, signal_number", [("kill", 9), ("abort", 6), ("preempt", 15)])
 def test_the_kill_signals_the_recorded_process(tmp_path, sleeper, how, signal_number):
     """Each fault kind that ends a process ends the recorded one with its signal: SIGKILL, SIGABRT

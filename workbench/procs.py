@@ -28,6 +28,7 @@ import psutil
 
 HOST = socket.gethostname()
 START_TOLERANCE_S = 0.05  # the start is counted in clock ticks (10 ms)
+WALL_CLOCK_START = 1e9  # a pid_start this large is psutil's create_time, as workbenches before 2026-12-03 wrote it
 
 
 def start_time(pid: int) -> Optional[float]:
@@ -84,14 +85,17 @@ class Proc:
             p = psutil.Process(self.pid)
             if p.status() == psutil.STATUS_ZOMBIE:
                 return f"pid {self.pid} has exited"
-            now = start_time(self.pid)
+            if self.started > WALL_CLOCK_START:  # a run started by an older workbench: still ours to stop
+                now, tolerance = p.create_time(), 1.5
+            else:
+                now, tolerance = start_time(self.pid), START_TOLERANCE_S
         except psutil.NoSuchProcess:
             return f"pid {self.pid} has exited"
         except (psutil.Error, OSError) as e:
             return f"pid {self.pid}: {e}"
         if now is None:
             return f"pid {self.pid} has exited"
-        if abs(now - self.started) > START_TOLERANCE_S:
+        if abs(now - self.started) > tolerance:
             return f"pid {self.pid} is now another process (started {now:.2f}, recorded {self.started:.2f})"
         return None
 
