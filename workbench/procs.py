@@ -12,9 +12,10 @@ either.
 
 Not psutil's ``create_time``: it adds ``btime`` from ``/proc/stat``, the boot
 time in whole seconds, which the kernel derives from the wall clock, so a
-clock adjustment moves it by a second. Seen in a CI run here: every daemon of
-a test's dev cluster, still running, read one second off its record, was taken
-for another process, and was left running when the cluster was brought down.
+clock adjustment moves it by a second. Seen here on 2026-12-03: a run's
+controller read "started 1796311861.88, recorded 1796311860.88", so ``stop``
+left the run training for an hour; in a CI run every daemon of a test's dev
+cluster was taken for another process and left running by ``down``.
 """
 
 from __future__ import annotations

@@ -47,16 +47,17 @@ its peers as it was frozen. They reach the sync first and wait for it there:
 it heartbeats again, so the lighthouse holds their quorum for it (the join
 timeout) until it has finished its window. Measured (three groups, a 2 s
 freeze five steps into a 4 s window): both peers blocked 2.04–2.06 s in the
-sync after it, where a sync takes 0.05–0.35 s. With ``catch_up``, a group whose inner step took longer than the
-lighthouse's heartbeat timeout ends its window at its next inner step: it
-reaches the sync first and waits there alone, and the peers find all of the
-last quorum's members waiting (torchft's fast quorum). Had a quorum formed
-without it while it was frozen, it would heal at that sync anyway, and the
-window it cut short is the one it would lose. The sync says ``early: true``.
-Measured the same way: the peers blocked 0.08–0.11 s, and the sync done 1.9 s
-sooner.
-torchft has no call for an early sync: the window's step counter
-(``_local_step``) is advanced to the step before the sync.
+sync after it, where a sync takes 0.05–0.35 s.
+
+With ``catch_up``, a group whose inner step took longer than the lighthouse's
+heartbeat timeout ends its window at its next inner step: it reaches the sync
+first and waits there alone, and the peers find all of the last quorum's
+members waiting (torchft's fast quorum). Had a quorum formed without it while
+it was frozen, it would heal at that sync anyway, and the window it cut short
+is the one it would lose. The sync says ``early: true``. Measured the same
+way: the peers blocked 0.08–0.11 s, and the sync came 1.9 s sooner. torchft
+has no call for an early sync: the window's step counter (``_local_step``) is
+advanced to the step before the sync.
 
 Bytes
 -----
