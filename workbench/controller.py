@@ -401,11 +401,14 @@ class Controller:
         one left) is hung only if it also stopped heartbeating: a compile, a checkpoint or a slow
         step keeps its heartbeat going, a stopped or frozen process does not.
 
-        A group whose live heartbeat says it waits in a sync (semi-synchronous algorithms) waits
-        for a peer: it is not the hung one. Without this, a 5 s hang of one group inside a DiLoCo
-        sync (``torchft.pg_timeout_ms`` 8000 holds the all-reduce for it) flagged 15 of 16 groups
-        of the classroom run: each had arrived at the sync after some other group, which counted
-        as a peer having progressed while it did not."""
+        A group whose heartbeat said, within the timeout, that it waits in a sync (semi-synchronous
+        algorithms) waits for a peer: it is not the hung one. Without this, a 5 s hang of one group
+        inside a DiLoCo sync (``torchft.pg_timeout_ms`` 8000 holds the all-reduce for it) flagged 15
+        of 16 groups of the classroom run: each had arrived at the sync after some other group, which
+        counted as a peer having progressed while it did not. Not only the last heartbeat: one that
+        came after the sync ended and before the sync step's event was written (its weights'
+        checksum, on a loaded machine) said "not waiting" and flagged a peer (a CI run, and 1 of 4 runs of
+        ``test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung`` here)."""
         now = time.time()
         limit = self.hang_timeout_s()
         running = [s for s in self.slots.values() if s.state == "running" and s.committed_steps > 0]
@@ -417,7 +420,7 @@ class Controller:
             if len(running) > 1:
                 if not any(p.last_progress_t > slot.last_progress_t for p in running if p is not slot):
                     continue
-                if view.waiting and now - (view.last_seen or 0.0) < limit:
+                if now - (view.waited_t or 0.0) < limit:  # waited for its peers: no progress to be had
                     continue
             else:
                 seen = view.last_seen or slot.last_progress_t

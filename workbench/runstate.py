@@ -74,6 +74,7 @@ class ReplicaView:
     dead_attempt: int = -1
     hang: Optional[dict] = None
     waiting: Optional[str] = None  # its last heartbeat said it waits for its peers ("sync"), no step since
+    waited_t: Optional[float] = None  # the last heartbeat that said so
     impaired: Optional[dict] = None  # a fault that slows or cuts it off while it runs: kind, t, seconds
     procs: dict = dataclasses.field(default_factory=dict)  # attempt -> Proc
     jobs: dict = dataclasses.field(default_factory=dict)  # attempt -> job id
@@ -277,6 +278,8 @@ class RunState:
         if v.state == "hung":
             v.state = "participating"
         v.waiting = e.get("waiting")
+        if v.waiting:
+            v.waited_t = t
         if isinstance(e.get("step"), int):
             v.step = e["step"]
 
