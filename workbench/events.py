@@ -18,7 +18,7 @@ full, :class:`EventWriter` logs one warning and drops events from then on.
 
 Every event has ``t`` (unix seconds), ``kind``, ``run``, ``replica`` (or
 ``None``), ``attempt``, ``host``, ``pid``; a ``start`` event also has
-``pid_start``, the process's start time, which proves later that a PID is
+``pid_start``, the process's start in seconds since boot, which proves later that a PID is
 still that process (``workbench.procs``). ``docs/events.md`` lists the kinds.
 A line whose ``t`` is not a number, or that is not an object with a ``kind``,
 is skipped and counted (``skipped_lines``) like a torn one: no line of any
