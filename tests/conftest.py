@@ -101,7 +101,7 @@ def local_slurm(state_dir: Path, **up_kwargs):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     if proc.status() != psutil.STATUS_ZOMBIE:
                         proc.kill()
-            left = _processes_of(state_dir)
+            _, left = psutil.wait_procs(_processes_of(state_dir), timeout=10)  # a job's slurmstepd may still be on its way out
             kill_pids(p.pid for p in left)
         if left:  # down missed them (a CI run once left a whole cluster, and every cluster test after it failed)
             pytest.fail(f"the dev cluster in {state_dir} left running: "
