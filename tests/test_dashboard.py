@@ -266,16 +266,20 @@ def test_update_with_100k_loss_points_is_fast(run_dir, writers):
         first = d.last_update_s
         for r in range(3):
             assert len(d.loss_plot.drawn(f"replica {r}")["x"]) <= d.max_points + 3
-        times, sent = [], sent_messages(d.loss_plot)
+        times, sent, keyframes = [], sent_messages(d.loss_plot), d.loss_plot.syncs_sent
         for s in range(n_per_replica + 1, n_per_replica + 11):
             for r in range(3):
                 writers.step(r, s)
             t0 = time.perf_counter()
             d.update()
             times.append(time.perf_counter() - t0)
-        # each message carries the tail and at most one new bucket per curve, never the curve again
-        assert len(sent) == 10 and all(not m["full"] and not m["reset"] for m in sent)
-        assert max(len(t["x"]) for m in sent for t in list(m["traces"].values()) + list(m["tails"].values())) <= 3
+        # The widget's keyframe timer (KEYFRAME_AFTER_S after it is first shown) may send the whole content
+        # meanwhile on a loaded machine; every update's message carries the tail and at most one new bucket
+        # per curve, never the curve again.
+        updates = [m for m in sent if not m["full"]]
+        assert len(updates) == 10 and len(sent) - 10 == d.loss_plot.syncs_sent - keyframes
+        assert not any(m["reset"] for m in updates)
+        assert max(len(t["x"]) for m in updates for t in list(m["traces"].values()) + list(m["tails"].values())) <= 3
         median = sorted(times)[len(times) // 2]
         print(f"\n100k loss points: first update (parse+fold+draw) {first * 1000:.0f} ms, "
               f"incremental update median {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms")
