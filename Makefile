@@ -70,7 +70,8 @@ classroom-run: browser-env
 		$(if $(FAULTS),--faults) $(if $(PORT),--port $(PORT))
 
 # The classroom run under chaos and fault-free, back to back: throughput retained, faults, final loss, the
-# dashboard's update time at 32 groups. `make bench-classroom CLASSROOM_BENCH="--minutes 30"`.
+# dashboard's update time at 32 groups. `make bench-classroom CLASSROOM_BENCH="--minutes 30"`, or interleaved
+# shorter pairs and the median of their ratios: CLASSROOM_BENCH="--pairs 4 --minutes 5".
 bench-classroom: $(STAMP)
 	$(PY) -m bench.classroom $(CLASSROOM_BENCH)
 
