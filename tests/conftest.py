@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import signal
 import subprocess
@@ -106,6 +107,18 @@ def local_slurm(state_dir: Path, **up_kwargs):
         if left:  # down missed them (a CI run once left a whole cluster, and every cluster test after it failed)
             pytest.fail(f"the dev cluster in {state_dir} left running: "
                         + ", ".join(f"{p.pid} {p.info['name']}" for p in left))
+
+
+def committed_before(ckpt_dir: Path, t: float) -> list[int]:
+    """MaxText steps whose checkpoint Orbax had committed (its ``_CHECKPOINT_METADATA``) before ``t``."""
+    from workbench.trainers.maxtext_output import durable_checkpoints
+
+    steps = []
+    for step, path in durable_checkpoints(ckpt_dir).items():
+        meta = json.loads((path / "_CHECKPOINT_METADATA").read_text())
+        if meta.get("commit_timestamp_nsecs") and meta["commit_timestamp_nsecs"] / 1e9 < t:
+            steps.append(step)
+    return steps
 
 
 def _processes_of(state_dir: Path) -> list:

@@ -23,9 +23,8 @@ from workbench.cluster import slurm, slurm_client
 from workbench.devcluster import netns
 from workbench.spec import SpecError
 from workbench.trainers import maxtext_command
-from workbench.trainers.maxtext_output import durable_checkpoints
 
-from .conftest import local_slurm, slurm_prerequisites, slurm_submitter
+from .conftest import committed_before, local_slurm, slurm_prerequisites, slurm_submitter
 
 pytestmark = [
     pytest.mark.maxtext,
@@ -60,16 +59,6 @@ def of_attempt(run, kind: str, attempt: int) -> list[dict]:
 
 def phase(run, name: str, attempt: int) -> dict | None:
     return next((e for e in of_attempt(run, "phase", attempt) if e["phase"] == name), None)
-
-
-def committed_before(ckpt_dir: Path, t: float) -> list[int]:
-    """MaxText steps whose checkpoint Orbax had committed (its ``_CHECKPOINT_METADATA``) before ``t``."""
-    steps = []
-    for step, path in durable_checkpoints(ckpt_dir).items():
-        meta = json.loads((path / "_CHECKPOINT_METADATA").read_text())
-        if meta.get("commit_timestamp_nsecs") and meta["commit_timestamp_nsecs"] / 1e9 < t:
-            steps.append(step)
-    return steps
 
 
 def task_processes(job_id: str, rank: int) -> list[psutil.Process]:
