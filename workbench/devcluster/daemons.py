@@ -20,7 +20,7 @@ from typing import Any, Mapping, Optional
 
 import psutil
 
-from ..procs import START_TOLERANCE_S, start_time
+from ..procs import HOST, Proc, start_time
 
 from .layout import NODES, DevClusterError, Layout, write_state
 
@@ -90,19 +90,13 @@ def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[s
 
 
 def alive(entry: Optional[Mapping[str, Any]]) -> bool:
-    """The recorded process still runs (same PID and start time, so not a reused PID) and is not a zombie."""
+    """The recorded process still runs (same PID and start time, so not a reused PID) and is not a zombie.
+
+    An entry from an older workbench has ``create_time`` (wall clock) instead of ``started``: ``Proc`` tells
+    the two apart by size."""
     if not entry:
         return False
-    try:
-        proc = psutil.Process(entry["pid"])
-        if "started" in entry:
-            now = start_time(entry["pid"])
-            same = now is not None and abs(now - entry["started"]) <= START_TOLERANCE_S
-        else:  # recorded by an older workbench: psutil's wall-clock create_time, which can move by 1 s
-            same = abs(proc.create_time() - entry["create_time"]) < 1.5
-        return same and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
+    return Proc(entry["pid"], HOST, entry.get("started", entry.get("create_time"))).alive()
 
 
 def stop_recorded(state: Optional[dict], timeout_s: float = 20.0) -> list[str]:
