@@ -139,6 +139,10 @@ def main(argv: list[str] | None = None) -> int:
         thr = results["throughput"]
         ft_steps = thr.query("variant == 'torchft-lite'")["median_step_time_s"].dropna() if len(thr) else []
         results["pipeline"] = pipeline.run_all(args.quick, img, float(ft_steps.median()) if len(ft_steps) else None)
+    if fork is not None:
+        results["forkserver"] = fork
+    if lp is not None:
+        results["live_plot"] = lp
     results["machine"]["loadavg_at_end"] = machine.loadavg()
     results["machine"]["bench_wall_s"] = time.time() - t_start
     if args.only:
@@ -148,10 +152,8 @@ def main(argv: list[str] | None = None) -> int:
         report.write(results, out, img)
         name = "benchmarks.json"
     if fork is not None:
-        results["forkserver"] = fork
         _write_marked(out, "forkserver", forkserver.render(fork))
     if lp is not None:
-        results["live_plot"] = lp
         _write_marked(out, "live_plot", ["## Live loss plot (kernel side and in chromium)", "",
                                          *(f"- {line}" for line in live_plot.report_lines(lp))])
     if alg is not None:
