@@ -64,7 +64,9 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     """``Run.metrics()``'s read path, cold (a fresh reader over the whole log), old vs new, interleaved.
 
     old: ``EventReader.poll()`` (one dict per line) then ``metrics_frame``; new: ``StepColumns`` (each
-    file's bytes into columns). Also: a warm ``frame()`` after 15 new step events (a notebook cell on a
+    file's bytes into columns), without an index; indexed: ``StepColumns`` starting from the step index
+    the controller writes for every run (``analysis.step_index``, written here once as the controller
+    writes it), what a new kernel's ``metrics()`` does on a run the workbench ran. Also: a warm ``frame()`` after 15 new step events (a notebook cell on a
     live run) and the dashboard's incremental ``EventReader.poll()`` of the same new bytes, and the
     candidates measured when the path was chosen, where installed: their parse alone is the floor
     under the cold figure.
@@ -72,10 +74,13 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     import io
     import os
 
-    from workbench.analysis import StepColumns, metrics_frame
+    from workbench.analysis import StepColumns, metrics_frame, step_index
 
     files = sorted((run_dir / "events").glob("*.jsonl"))
-    old, new, loads, old_cpu, new_cpu, parse = [], [], [], [], [], []
+    t0 = time.perf_counter()
+    step_index.write(StepColumns(run_dir, index=False), run_dir)
+    index_write_s = time.perf_counter() - t0
+    old, new, indexed, loads, old_cpu, new_cpu, parse = [], [], [], [], [], [], []
     for _ in range(reps):
         loads.append(os.getloadavg()[0])
         t0, c0 = time.perf_counter(), time.process_time()
@@ -83,16 +88,21 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
         old.append(time.perf_counter() - t0)
         old_cpu.append(time.process_time() - c0)
         t0, c0 = time.perf_counter(), time.process_time()
-        b = StepColumns(run_dir).frame()
+        b = StepColumns(run_dir, index=False).frame()
         new.append(time.perf_counter() - t0)
         new_cpu.append(time.process_time() - c0)  # both of pyarrow's threads: what the other users' load cannot inflate as much
+        t0 = time.perf_counter()
+        cols = StepColumns(run_dir)
+        c = cols.frame()
+        indexed.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         _read_and_parse(files)  # the floor under the columnar path, in the same loop
         parse.append(time.perf_counter() - t0)
     n = len(b)
     same = a.equals(b)
+    same_indexed = a.equals(c) and cols.indexed_rows == n
     events = sum(p.read_bytes().count(b"\n") for p in files)
-    cols = StepColumns(run_dir)
+    cols = StepColumns(run_dir, index=False)
     cols.frame()
     reader = EventReader(run_dir)
     reader.poll()
@@ -127,6 +137,8 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     med = statistics.median
     return {"events": events, "step_rows": n, "reps": reps, "same_frame": same,
             "old_s": med(old), "new_s": med(new), "old_per_s": n / med(old), "new_per_s": n / med(new),
+            "indexed_s": med(indexed), "indexed_per_s": n / med(indexed), "same_frame_indexed": same_indexed,
+            "index_write_s": index_write_s,
             "parse_s": med(parse), "old_cpu_s": med(old_cpu), "new_cpu_s": med(new_cpu), "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
 
 
@@ -231,7 +243,8 @@ def run_all(quick: bool, img_dir: Path, step_time_s: Optional[float], log=print)
         m_dir = make_run(root / "metrics", 50_000)
         out["metrics"] = metrics_paths(m_dir, 7)
         mp = out["metrics"]
-        log(f"  metrics(): old {mp['old_per_s']:,.0f}/s, columnar {mp['new_per_s']:,.0f}/s (load {mp['loadavg_1m']:.2f})")
+        log(f"  metrics(): old {mp['old_per_s']:,.0f}/s, columnar {mp['new_per_s']:,.0f}/s, "
+            f"from the step index {mp['indexed_per_s']:,.0f}/s (load {mp['loadavg_1m']:.2f})")
         out["writer"] = writer_cost(root)
         if step_time_s:
             w = out["writer"]

@@ -25,6 +25,8 @@ def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_ma
     reader, columns = EventReader(copy), StepColumns(copy)
     expected = metrics_frame(reader.poll())
     got = columns.frame()
+    # the controller indexed every step row before it ended the run; only the two appended lines were parsed
+    assert columns.indexed_rows == len(got) > 0
     assert len(got) == sum(1 for p in files for line in p.read_text().splitlines() if '"kind": "step"' in line) - 2
     pd.testing.assert_frame_equal(got, expected)
     assert columns.skipped_lines == reader.skipped_lines == 1
@@ -94,3 +96,52 @@ def test_columnar_metrics_keep_list_fields_and_time_order_across_files_written_o
     assert got["replica"].tolist()[:3] == [2, 0, 1] and got["t"].is_monotonic_increasing
     assert got["ids"].iloc[-1] == [] and got["scales"].iloc[0] == [0.5, -0.0] and got["flags"].iloc[1] == [False]
     assert columns.fallback_chunks == 0
+
+
+def test_a_reader_starts_from_the_controllers_index_and_ignores_one_it_cannot_trust(tmp_path):
+    """``analysis.step_index``: the rows read back equal the dict path's (strings with gaps, a field that
+    appears late, lists of any length, a null, a NaN loss), the bytes after the index are parsed, and an
+    index that is corrupt or ahead of a file is not used."""
+    from workbench import rundir
+    from workbench.analysis import step_index
+    from workbench.events import EventWriter
+    from workbench.spec_load import load_spec
+
+    run_dir = rundir.create(tmp_path / "runs", "idx", load_spec("demo", {"faults": []}).to_dict())
+    writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="idx", replica=r, attempt=0) for r in range(2)]
+
+    def steps(first: int, last: int) -> None:
+        for step in range(first, last):
+            for r, w in enumerate(writers):
+                fields = dict(step=step, loss=float("nan") if step == 17 else 1.0 / step, committed=True,
+                              participating=True, batch_seed=[0, step, r], ids=list(range(step % 3)), note=None)
+                if step % 5 == 0:
+                    fields["weights"] = f"{step:016x}"
+                if step > 12:
+                    fields["extra"] = step
+                w.emit("heartbeat", step=step)
+                w.emit("step", **fields)
+
+    steps(1, 20)
+    assert step_index.write(StepColumns(run_dir, index=False), run_dir)
+    steps(20, 26)
+    expected = metrics_frame(EventReader(run_dir).poll())
+    columns = StepColumns(run_dir)
+    assert columns.indexed_rows == 2 * 19
+    pd.testing.assert_frame_equal(columns.frame(), expected)
+    assert columns.frame()["note"].isna().all() and columns.frame()["weights"].iloc[-1] == f"{25:016x}"
+
+    index = step_index.path_of(run_dir)
+    good = index.read_bytes()
+    index.write_bytes(good[: len(good) // 2])  # torn, as a writer that bypassed the rename would leave it
+    torn = StepColumns(run_dir)
+    assert torn.indexed_rows == 0
+    pd.testing.assert_frame_equal(torn.frame(), expected)
+
+    index.write_bytes(good)
+    first = run_dir / "events" / "replica-0.attempt-0.jsonl"
+    lines = first.read_bytes().splitlines(keepends=True)
+    first.write_bytes(b"".join(lines[:10]))  # the file is now shorter than the index says it was
+    behind = StepColumns(run_dir)
+    assert behind.indexed_rows == 0
+    pd.testing.assert_frame_equal(behind.frame(), metrics_frame(EventReader(run_dir).poll()))

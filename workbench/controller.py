@@ -34,6 +34,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from . import armed, faults, nodehealth, procs, rundir
+from .analysis import StepColumns, step_index
 from .cluster import make_cluster
 from .events import EventReader, EventWriter
 from .lighthouse import Lighthouse
@@ -94,6 +95,8 @@ class Controller:
         self.bad_events = 0
         self.triggers = armed.Triggers()
         self.due_triggers: list[tuple[dict, dict]] = []
+        self.steps = StepColumns(self.run_dir, index=False)
+        self.index_at = time.time() + step_index.PERIOD_S
 
     # -- lifecycle -----------------------------------------------------------
     def run(self) -> str:
@@ -118,9 +121,20 @@ class Controller:
             traceback.print_exc()
         finally:
             self._shutdown()
+            self._write_step_index()  # before run_end: a reader that sees the end finds the index complete
             self.writer.emit("run_end", state=state, reason=reason, steps=self.max_step)
             self.writer.close()
         return state
+
+    def _write_step_index(self) -> None:
+        """The run's step index (``analysis.step_index``), next due ``PERIOD_S`` later or 100 times this
+        write's duration, whichever is later: its cost grows with the run and stays under 1 % of a core."""
+        t0 = time.time()
+        try:
+            step_index.write(self.steps, self.run_dir)
+        except Exception as e:  # derived data: a reader parses the log instead; the run goes on
+            self.writer.emit("warning", message=f"step index not written: {type(e).__name__}: {e}")
+        self.index_at = time.time() + max(step_index.PERIOD_S, 100 * (time.time() - t0))
 
     def _on_stop_signal(self, *_: Any) -> None:
         self.stopping = True
@@ -135,6 +149,8 @@ class Controller:
             self._fire_triggers()
             self._detect_hangs()
             now = time.time()
+            if now >= self.index_at:
+                self._write_step_index()
             if now >= self.health_at:
                 self.health_at = now + nodehealth.PERIOD_S
                 for row in self.health.sample(nodehealth.nodes_of(self.run_state), now):

@@ -94,7 +94,8 @@ class Run:
         """One row per replica per step attempt: step, loss, committed, timings.
 
         Read through its own columnar reader (``analysis.StepColumns``: each file's new bytes straight
-        into columns), not from the fold's dicts; the fold is refreshed too only when something
+        into columns), not from the fold's dicts, starting from the controller's step index where there is
+        one (``analysis.step_index``: only the bytes after it are parsed); the fold is refreshed too only when something
         (a dashboard) is subscribed to it, so that a cell calling ``metrics()`` still moves the dashboard.
         """
         if self.run_state._subscribers:

@@ -27,6 +27,10 @@ an explicit pyarrow schema (no gain), polars with a schema (87 vs pyarrow's
 core), pyarrow's CSV tokenizer after rewriting ``": `` (56-67 vs 71-90 ms,
 and it would need its own JSON validation).
 
+That floor is for a log read from its start. A run the workbench ran has
+the controller's step index (``step_index``): ``StepColumns`` starts from it
+and parses only the bytes written after it.
+
 A chunk pyarrow refuses (a malformed line, a diverged loss written as
 ``NaN``, a field whose type changes) is read line by line instead, exactly as
 :class:`~workbench.events.EventReader` does (bad lines counted in
@@ -35,6 +39,7 @@ A chunk pyarrow refuses (a malformed line, a diverged loss written as
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import io
 import json
@@ -81,6 +86,18 @@ def max_committed_step(events: list[dict], replica: Optional[int] = None) -> int
     return max(steps, default=0)
 
 
+@contextlib.contextmanager
+def gc_paused():
+    """The cyclic garbage collector off meanwhile (and back on after, if it was on)."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
 class StepColumns:
     """Incremental, columnar reader of a run's step events: ``frame()`` equals ``metrics_frame(all events)``.
 
@@ -91,13 +108,23 @@ class StepColumns:
     and dtypes, through pandas' alignment otherwise.
     """
 
-    def __init__(self, run_dir: str | os.PathLike) -> None:
+    def __init__(self, run_dir: str | os.PathLike, index: bool = True) -> None:
         self.dir = Path(run_dir) / EVENTS_DIR
         self._offsets: dict[Path, int] = {}
         self._chunks: list[pd.DataFrame] = []
         self._frame: Optional[pd.DataFrame] = None
         self.skipped_lines = 0
         self.fallback_chunks = 0
+        self.indexed_rows = 0
+        if index:  # start from the controller's index, when there is a usable one: parse only what follows it
+            from . import step_index
+
+            found = step_index.read(run_dir, self.dir)
+            if found is not None:
+                held, self._offsets, counters = found
+                self._chunks = [held] if len(held) else []
+                self.skipped_lines, self.fallback_chunks = counters["skipped_lines"], counters["fallback_chunks"]
+                self.indexed_rows = len(held)
 
     def read(self) -> int:
         """Read every file's new complete lines; returns the number of step rows added.
@@ -106,13 +133,8 @@ class StepColumns:
         small objects that make no cycles, and collections triggered by them walked the whole heap
         (measured: 371 → 227 ms for the benchmark's log read right after a dict-based read).
         """
-        was_enabled = gc.isenabled()
-        gc.disable()
-        try:
+        with gc_paused():
             return self._read()
-        finally:
-            if was_enabled:
-                gc.enable()
 
     def _read(self) -> int:
         added = 0
@@ -131,15 +153,29 @@ class StepColumns:
             if not self._chunks:
                 self._frame = _arrange(pd.DataFrame())
             else:
-                cols = _concat_columns(self._chunks)
-                in_t_order = cols is not None and _t_sortable(cols)
-                if cols is None:  # chunks of different columns or dtypes: pandas' own alignment
-                    df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
-                else:  # held in t order where it can be, so that the next poll's (later) rows append in order
-                    df = pd.DataFrame(_in_t_order(cols) if in_t_order else cols, copy=False)
-                self._chunks = [df]  # a live run adds a chunk per poll: concatenate each once
+                df, in_t_order = self._consolidate()
                 self._frame = _arrange(df.copy(deep=False), in_t_order)  # _arrange adds columns; the held chunk stays
         return self._frame.copy(deep=False)
+
+    def held(self) -> tuple[Optional[pd.DataFrame], dict[Path, int], dict]:
+        """After reading the new bytes: every step row read so far as one frame (before ``_arrange``),
+        the byte offset per file it covers, and the counters; what ``step_index`` writes."""
+        self.read()
+        counters = {"skipped_lines": self.skipped_lines, "fallback_chunks": self.fallback_chunks}
+        held = self._consolidate()[0] if self._chunks else None
+        return held, dict(self._offsets), counters
+
+    def _consolidate(self) -> tuple[pd.DataFrame, bool]:
+        """The chunks as one held frame (a live run adds a chunk per poll: each is concatenated once),
+        in ``t`` order where it can be, so that the next poll's (later) rows append in order."""
+        cols = _concat_columns(self._chunks)
+        in_t_order = cols is not None and _t_sortable(cols)
+        if cols is None:  # chunks of different columns or dtypes: pandas' own alignment
+            df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
+        else:
+            df = pd.DataFrame(_in_t_order(cols) if in_t_order else cols, copy=False)
+        self._chunks = [df]
+        return df, in_t_order
 
     def _parse(self, data: bytes) -> Optional[pd.DataFrame]:
         lines = data.count(b"\n")
