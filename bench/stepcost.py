@@ -20,6 +20,15 @@ window after its first step:
 
 Rates come from heartbeats (every variant writes them), so that the bare run is measured the same
 way; ``step_time_s`` (zero_grad → optimizer step, the same span in both trainers) where step events exist.
+Two figures less at the mercy of the machine than a rate, since samples/s of the same variant moves by
+tens of percent between runs here (3 processes in lockstep on 2 cores, and the VM's neighbours):
+
+- the torchft/DDP ratio per repetition (the two ran back to back), and the median of those ratios;
+- CPU per group-step: the run's trainer processes' CPU (the controller's ``node_health`` samples,
+  ``cpu_percent`` of each part's process tree, every 2 s) over the window, divided by the group-steps
+  done meanwhile (from the same heartbeat rate). Neither run fills the 2 cores (measured 1.5-1.7
+  cores), so throughput is bound by lockstep latency, which the scheduler moves; CPU per step is what
+  a variant costs. It leaves out the lighthouse (about 0.04 cores with 3 groups).
 """
 
 from __future__ import annotations
@@ -50,11 +59,14 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
     for rec in records:
         steps = [e for e in rec.events if e.get("kind") == "step" and e.get("committed")
                  and e.get("participating", True) and e.get("step_time_s") is not None]
+        rate = heartbeat_rate(rec.events, rec.spec)
+        cores = trainer_cores(rec.events)
         runs.append({
             "variant": rec.variant, "loadavg_1m": rec.loadavg[0], "error": rec.error,
-            "heartbeat_rate": heartbeat_rate(rec.events, rec.spec),
+            "heartbeat_rate": rate,
             "median_step_time_s": statistics.median(e["step_time_s"] for e in steps) if steps else None,
-            "steps": len(steps),
+            "steps": len(steps), "trainer_cores": cores,
+            "cpu_ms_per_step": cores / (rate / rec.spec.model.batch_size) * 1e3 if cores and rate else None,
         })
     timed = [e for rec in records if rec.variant == TIMED.name for e in rec.events
              if e.get("kind") == "step" and e.get("committed") and e.get("participating", True)]
@@ -72,8 +84,39 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
     out = {"reps": reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
            "timed_steps": len(timed)}
     for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, KNOB.name):
-        out[v] = {"rate": med(v, "heartbeat_rate"), "step_s": med(v, "median_step_time_s")}
+        out[v] = {"rate": med(v, "heartbeat_rate"), "step_s": med(v, "median_step_time_s"),
+                  "cpu_ms_per_step": med(v, "cpu_ms_per_step")}
+    out["paired"] = paired(runs, base.name, TORCHFT.name)
     return out
+
+
+def trainer_cores(events: list[dict]) -> float | None:
+    """Mean cores the run's trainer processes used, from ``node_health`` (summed over nodes), over the
+    samples from 3 s after the first heartbeat (as ``heartbeat_rate``) to the last one before the run stopped."""
+    beats = [e["t"] for e in events if e.get("kind") == "heartbeat" and e.get("replica") is not None]
+    health = sorted((e["t"], e.get("cpu_percent") or 0.0) for e in events if e.get("kind") == "node_health")
+    if not beats or len(health) < 3:
+        return None
+    start, end = min(beats) + 3, max(beats)
+    busy = span = 0.0
+    for (t0, _), (t1, pct) in zip(health, health[1:]):
+        if t0 >= start and t1 <= end and t1 > t0:
+            busy += pct / 100 * (t1 - t0)
+            span += t1 - t0
+    return busy / span if span else None
+
+
+def paired(runs: list[dict], base: str, other: str) -> dict:
+    """Per repetition (``interleaved`` runs every variant once per repetition, in order): how much lower
+    ``other``'s samples/s and how much more CPU per step it used than ``base`` in the run just before it."""
+    a = [r for r in runs if r["variant"] == base]
+    b = [r for r in runs if r["variant"] == other]
+    lower = [1 - y["heartbeat_rate"] / x["heartbeat_rate"] for x, y in zip(a, b)
+             if x["heartbeat_rate"] and y["heartbeat_rate"]]
+    more_cpu = [y["cpu_ms_per_step"] / x["cpu_ms_per_step"] - 1 for x, y in zip(a, b)
+                if x["cpu_ms_per_step"] and y["cpu_ms_per_step"]]
+    return {"rate_lower": lower, "rate_lower_median": statistics.median(lower) if lower else None,
+            "cpu_more": more_cpu, "cpu_more_median": statistics.median(more_cpu) if more_cpu else None}
 
 
 def lines(sc: dict) -> list[str]:
@@ -103,6 +146,16 @@ def lines(sc: dict) -> list[str]:
         out += [f"Noise: the same variant's runs differ by up to **{spread * 100:.0f} %** in samples/s here (load "
                 f"{min(loads):.1f}–{max(loads):.1f} on {len(loads)} runs); a difference between variants smaller than "
                 "that is not a measurement. The per-phase table (one run's own steps, each step timed) is the robust part.", ""]
+    pr = sc.get("paired") or {}
+    if pr.get("rate_lower"):
+        out += [
+            f"- torchft-lite vs plain DDP, paired (each repetition's two runs back to back): samples/s lower by "
+            + ", ".join(f"{x * 100:.1f} %" for x in pr["rate_lower"]) + f" (median **{pr['rate_lower_median'] * 100:.1f} %**)"
+            + (("; CPU per group-step more by " + ", ".join(f"{x * 100:.1f} %" for x in pr["cpu_more"])
+                + f" (median **{pr['cpu_more_median'] * 100:.1f} %**; plain DDP "
+                f"{_f(base.get('cpu_ms_per_step'), '{:.1f}')} ms, torchft-lite {_f(ft.get('cpu_ms_per_step'), '{:.1f}')} ms "
+                "of CPU per group-step, medians)") if pr.get("cpu_more") else ""),
+        ]
     out += [
         f"- torchft-lite vs plain DDP: samples/s **{_f(_pct(slower(base, ft)))} % lower**, median step time "
         f"{_f(_pct(over(base, ft, 'step_s')))} % longer",

@@ -104,7 +104,7 @@ def _read(run_dir: str | os.PathLike, events_dir: Path) -> Optional[tuple[pd.Dat
 
     path = path_of(run_dir)
     try:
-        with pa.memory_map(str(path)) as source:
+        with pa.OSFile(str(path)) as source:  # read, not mapped: the controller replaces the file under us
             table = pa.ipc.open_file(source).read_all()
         meta = json.loads((table.schema.metadata or {})[b"workbench"])
         if meta.get("version") != VERSION:
