@@ -92,15 +92,15 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
         new.append(time.perf_counter() - t0)
         new_cpu.append(time.process_time() - c0)  # both of pyarrow's threads: what the other users' load cannot inflate as much
         t0 = time.perf_counter()
-        cols = StepColumns(run_dir)
-        c = cols.frame()
+        from_index = StepColumns(run_dir)
+        c = from_index.frame()
         indexed.append(time.perf_counter() - t0)
         t0 = time.perf_counter()
         _read_and_parse(files)  # the floor under the columnar path, in the same loop
         parse.append(time.perf_counter() - t0)
     n = len(b)
     same = a.equals(b)
-    same_indexed = a.equals(c) and cols.indexed_rows == n
+    same_indexed = a.equals(c) and from_index.indexed_rows == n
     events = sum(p.read_bytes().count(b"\n") for p in files)
     cols = StepColumns(run_dir, index=False)
     cols.frame()

@@ -40,7 +40,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .metrics import _lists, gc_paused
+from .metrics import _to_numpy, gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -131,7 +131,7 @@ def _encode(df: pd.DataFrame):
             arr, enc = pa.array(values), b"plain"
         elif isinstance(dtype, np.dtype) and dtype == object:
             arr, enc = _encode_objects(values)
-        elif pd.api.types.is_string_dtype(dtype) and str(dtype) == "str":
+        elif str(dtype) == "str":
             arr, enc = pa.array(values.astype(object), type=pa.string(), from_pandas=True), b"str"
         else:
             return None
@@ -170,12 +170,10 @@ def _decode(table) -> pd.DataFrame:
         col = col.combine_chunks()
         if enc == b"plain":
             out[field.name] = col.to_numpy(zero_copy_only=False)
-        elif enc == b"list":
-            out[field.name] = _objects(_lists(col))
+        elif enc in (b"list", b"object-str"):  # as the log's parse reads them: lists, strings, NaN for a null
+            out[field.name] = _to_numpy(col)
         elif enc == b"str":
-            out[field.name] = pd.array(_nan_for_null(col), dtype="str")
-        elif enc == b"object-str":
-            out[field.name] = _nan_for_null(col)
+            out[field.name] = pd.array(_to_numpy(col), dtype="str")
         elif enc == b"json":
             out[field.name] = _objects([np.nan if v is None else json.loads(v) for v in col.to_pylist()])
         else:
@@ -187,13 +185,6 @@ def _objects(values: list) -> np.ndarray:
     out = np.empty(len(values), dtype=object)
     out[:] = values
     return out
-
-
-def _nan_for_null(col) -> np.ndarray:
-    values = col.to_numpy(zero_copy_only=False).astype(object)
-    if col.null_count:
-        values[np.asarray(col.is_null())] = np.nan
-    return values
 
 
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
