@@ -6,6 +6,7 @@ prints itself) are checked against those events.
 """
 
 import ast
+import collections
 import json
 import os
 import queue
@@ -235,7 +236,11 @@ def test_network_faults_notebook_runs_headless(run_root, tmp_path, monkeypatch):
     assert 9.5 <= back["t"] - cut["t"] < 14
     steps = [e for e in events if e["kind"] == "step" and e.get("committed")]
     # The survivor trained alone through the cut; the cut-off group committed nothing (bar its step in flight).
-    assert any(e["replica"] == 0 and e.get("participants") == 1 and cut["t"] < e["t"] < back["t"] for e in steps)
+    during = ([(round(e["t"] - cut["t"], 2), e["kind"], e.get("replica"), e.get("action") or e.get("participants"))
+               for e in events if e["kind"] != "step" and cut["t"] - 1 < e["t"] < back["t"]][:30],
+              collections.Counter((e["replica"], e.get("committed"), e.get("participants")) for e in events
+                                  if e["kind"] == "step" and cut["t"] < e["t"] < back["t"]))
+    assert any(e["replica"] == 0 and e.get("participants") == 1 and cut["t"] < e["t"] < back["t"] for e in steps), during
     assert not [e for e in steps if e["replica"] == 1 and cut["t"] + 1.0 < e["t"] < back["t"]]
     # Participants' checksums agree at every committed step; none committed twice.
     by_step = {}

@@ -131,8 +131,9 @@ class Cluster(abc.ABC):
         return fields
 
     def undo(self, payload: dict) -> dict:
-        """In the detached undo helper, after its primitive action: anything left to do
-        (restart a daemon); returns extra fields for the ``resume`` event."""
+        """In the detached undo helper, after its primitive action, for a fault injected with
+        ``undo.later(..., backend_undo=True)``: anything left to do (restart a daemon); returns
+        extra fields for the ``resume`` event."""
         return {}
 
     def release_faults(self, state) -> list[str]:

@@ -78,7 +78,8 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
         except DevClusterError as e:
             raise FaultError(f"slurmd_kill: {e}") from None
         os.kill(pid, signal.SIGKILL)
-        undo_helper.later(cluster.run_dir, kind.name, seconds, always=True, env=env, fields=node_fields)
+        undo_helper.later(cluster.run_dir, kind.name, seconds, always=True, backend_undo=True, env=env,
+                          fields=node_fields)
     elif kind.signal is not None:
         run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", "--full", job_id)
     else:
