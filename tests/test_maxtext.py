@@ -166,6 +166,7 @@ def chaos(run_root):
 
         ckpt_dir = maxtext_command.checkpoint_dir(run_dir, run_dir.name)
         latest = max(maxtext_output.durable_checkpoints(ckpt_dir))
+        out["durable_at_kill"] = latest + 1  # event steps count from 1
         planted = latest + PERIOD
         half_written = ckpt_dir / f"{planted}.orbax-checkpoint-tmp"
         if not half_written.exists():  # else the kill itself landed mid-save and left the real thing
@@ -208,10 +209,37 @@ def test_kill_resumes_from_last_durable_checkpoint(chaos):
     a0, a1, _ = chaos["jobs"]
     assert a0.exit_event() is None, "a SIGKILLed job cannot report an exit"
     assert chaos["orphan_gone"]
-    last_durable = max(c["step"] for c in a0.events("checkpoint"))
     from_step = a1.phase("restored")["from_step"]
-    assert from_step == last_durable <= chaos["killed_at"]
+    assert from_step == chaos["durable_at_kill"], "the newest save on disk when the job was killed"
+    # Recorded before it is restored: by attempt 0, or late by attempt 1 when the kill came between
+    # the save's commit and the wrapper's next look (its events run a few steps behind MaxText).
+    recorded = [c for c in a0.events("checkpoint") + a1.events("checkpoint") if c["step"] == from_step]
+    assert recorded and recorded[0]["durable"] and recorded[0]["t"] < a1.phase("restored")["t"]
+    late = {c["step"] for c in a1.events("checkpoint") if c.get("late")}
+    assert not late & {c["step"] for c in a0.events("checkpoint")}, "a save recorded twice"
     assert chaos["killed_at"] - from_step <= PERIOD, "steps lost exceed the checkpoint period"
+
+
+def test_a_save_without_its_event_is_recorded_late_once(baseline, tmp_path):
+    """A save committed after a killed attempt's last look has no event; the next attempt records it
+    (``late``) before MaxText restores it, and only it. On the baseline run's own Orbax directory."""
+    from workbench.events import EventWriter
+    from workbench.trainers.maxtext import record_late_saves
+
+    run_dir = Path(baseline.ctx.run_dir)
+    ckpt_dir = maxtext_command.checkpoint_dir(run_dir, run_dir.name)
+    on_disk = sorted(s + 1 for s in maxtext_output.durable_checkpoints(ckpt_dir))
+    assert len(on_disk) >= 3
+    other = tmp_path / "run"
+    killed = EventWriter(other, "replica-0.attempt-0", run="r", replica=0, attempt=0)
+    killed.emit("checkpoint", step=on_disk[0], durable=True)
+    killed.emit("checkpoint", step=on_disk[-1], durable=False, state="started")
+    following = EventWriter(other, "replica-0.attempt-1", run="r", replica=0, attempt=1)
+    assert record_late_saves(following, other, ckpt_dir) == on_disk[1:]
+    late = [e for e in read_all(other) if e.get("late")]
+    assert [e["step"] for e in late] == on_disk[1:]
+    assert all(e["durable"] and e["bytes"] > 0 and e["seconds"] > 0 and e["attempt"] == 1 for e in late)
+    assert record_late_saves(following, other, ckpt_dir) == []
 
 
 def test_half_written_checkpoint_is_never_restored(chaos):

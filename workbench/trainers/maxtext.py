@@ -36,6 +36,15 @@ Every attempt uses the same ``run_name`` and ``base_output_directory``, so
 MaxText restores the latest durable checkpoint by itself; the wrapper reports
 it as a ``restored`` phase with ``from_step``.
 
+A save can be committed after the wrapper's last look at the directory and
+before the wrapper is killed (it polls every ``POLL_S``, and under load reads
+MaxText's output a few steps behind it): no ``checkpoint`` event records it,
+yet the next attempt restores it. So each attempt first records, with
+``late=True``, every durable checkpoint that no event of the run records yet:
+a restore is always of a recorded save (measured: attempt 0 recorded its
+saves to step 31, was killed at its step 39 as its events read, and attempt 1
+restored step 41).
+
 A planned stop loses nothing: MaxText runs with ``enable_autocheckpoint``, and
 JAX's preemption service (part of ``jax.distributed``) turns SIGTERM into a
 sync point at the next step, where MaxText saves a checkpoint and exits 0
@@ -60,6 +69,7 @@ import subprocess
 import time
 from typing import Any, Optional
 
+from ..events import read_all
 from .base import JobContext
 from .kit import on_stop_signals
 from .maxtext_command import build_command, checkpoint_dir, console_log, job_layout, metrics_file
@@ -91,6 +101,21 @@ def _finite(x: Any) -> Optional[float]:
     return float(x) if isinstance(x, (int, float)) and math.isfinite(x) else None
 
 
+def record_late_saves(writer, run_dir, ckpt_dir) -> list[int]:
+    """Record (``late=True``) each durable checkpoint in ``ckpt_dir`` that no ``checkpoint`` event of the
+    run records: a save committed after the killed attempt's last look. Returns their event steps."""
+    recorded = {e["step"] for e in read_all(run_dir)
+                if e.get("kind") == "checkpoint" and e.get("durable") and isinstance(e.get("step"), int)}
+    late = []
+    for maxtext_step, path in sorted(durable_checkpoints(ckpt_dir).items()):
+        if maxtext_step + 1 not in recorded:
+            seconds, size = checkpoint_facts(path)
+            writer.emit("checkpoint", step=maxtext_step + 1, path=str(path), seconds=seconds, bytes=size,
+                        durable=True, late=True)
+            late.append(maxtext_step + 1)
+    return late
+
+
 def run(ctx: JobContext) -> None:
     """Run MaxText to ``steps`` (resuming from the last durable checkpoint) and report it."""
     layout = job_layout()
@@ -111,6 +136,8 @@ def run(ctx: JobContext) -> None:
                 coordinator=env.get("JAX_COORDINATOR_BIND_ADDRESS"), nodes=list(layout.nodes), **ctx.placement())
     for name in leftover_tmp_checkpoints(ckpt_dir):
         writer.emit("warning", message=f"half-written checkpoint {name} left by an earlier attempt; not restored")
+    if layout.rank == 0:
+        record_late_saves(writer, ctx.run_dir, ckpt_dir)
 
     def on_restored(maxtext_step: int) -> None:
         writer.emit("phase", phase="restored", from_step=maxtext_step + 1, seconds=time.time() - t0)

@@ -264,7 +264,8 @@ class DashboardState:
             "t": t, "step": e.get("step"), "bytes": e.get("bytes"), "seconds": e.get("seconds"),
             "path": e.get("path"),
         }
-        self._pending_markers.append({"kind": "checkpoint", "e": e, "label": f"checkpoint step {e.get('step')} durable"})
+        late = " (recorded late: its attempt was killed first)" if e.get("late") else ""
+        self._pending_markers.append({"kind": "checkpoint", "e": e, "label": f"checkpoint step {e.get('step')} durable{late}"})
 
     def _on_fault(self, e: dict, t: float) -> None:
         action = e.get("action")
