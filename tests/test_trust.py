@@ -74,6 +74,50 @@ def test_a_lone_group_that_is_slow_but_alive_is_not_a_hang_and_a_stopped_one_is(
     run.stop()
 
 
+def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(tmp_path):
+    """SIGSTOP can land between a trainer stamping a step event and writing it: the step arrives when
+    the group runs again, stamped before its hang was reported. That is no progress since the report,
+    so the hang stays reported once; a step stamped after the report is, and clears it."""
+    from workbench import rundir
+    from workbench.controller import Controller
+    from workbench.events import EventWriter, read_all
+    from workbench.spec_load import load_spec
+
+    spec = load_spec("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "hang.timeout_s": 1.5})
+    run_dir = rundir.create(tmp_path, "20250101-000000-late-abcdef", spec.to_dict())
+    groups = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="r", replica=r, attempt=0) for r in (0, 1)]
+    now = time.time()
+    for step in range(1, 14):
+        groups[1].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+    for step in range(1, 40):
+        groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+    controller = Controller(run_dir)
+    try:
+        for slot in controller.slots.values():
+            slot.state, slot.attempt = "running", 0
+
+        def hangs_after_a_check():
+            controller._poll()
+            controller._detect_hangs()
+            return [(e["target"], e["step"]) for e in read_all(run_dir) if e["kind"] == "hang"]
+
+        assert hangs_after_a_check() == [(1, 13)]
+        groups[1].emit("step", t=now - 8 + 14 * 0.2, step=14, committed=True, participating=True)
+        assert hangs_after_a_check() == [(1, 13)]
+        resumed = groups[1].emit("step", step=15, committed=True, participating=True)
+        groups[0].emit("step", step=40, committed=True, participating=True)
+        assert hangs_after_a_check() == [(1, 13)]
+        deadline = time.monotonic() + 10  # the next stall, 1.5 s on, is a hang of its own
+        while len(hangs_after_a_check()) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (second,) = [e for e in read_all(run_dir) if e["kind"] == "hang"][1:]
+        assert (second["target"], second["step"]) == (1, 15) and second["t"] - resumed["t"] >= 1.5
+    finally:
+        controller.writer.close()
+        for w in groups:
+            w.close()
+
+
 def test_a_diverged_run_reports_nan_and_where_it_diverged(tmp_path):
     """A diverged point of a comparison must not report a finite final loss from its earlier steps."""
     from workbench import compare, rundir

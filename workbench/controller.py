@@ -59,7 +59,7 @@ class ReplicaSlot:
     last_step: int = 0
     committed_steps: int = 0
     last_progress_t: float = 0.0
-    hang_reported: bool = False
+    hang_reported_t: float = 0.0  # when its hang was reported; 0.0: none since its last progress
 
 
 class Controller:
@@ -186,7 +186,7 @@ class Controller:
         slot.attempt += 1
         slot.committed_steps = 0
         slot.last_progress_t = 0.0  # a relaunch gap is no step interval
-        slot.hang_reported = False
+        slot.hang_reported_t = 0.0
         ctx = JobContext(
             run_dir=str(self.run_dir),
             run_id=self.run_id,
@@ -255,7 +255,7 @@ class Controller:
         slot.attempt += 1
         slot.committed_steps = 0
         slot.last_progress_t = 0.0
-        slot.hang_reported = False
+        slot.hang_reported_t = 0.0
         slot.job = self.spares.pop(spare_id)
         slot.state = "running"
         (self.run_dir / "spares").mkdir(mode=0o700, exist_ok=True)
@@ -310,7 +310,6 @@ class Controller:
                 slot.committed_steps += 1
                 slot.last_step = step
                 slot.last_progress_t = e["t"]
-                slot.hang_reported = False
                 self.max_step = max(self.max_step, step)
                 if self.t_first_step is None:
                     self.t_first_step = e["t"]
@@ -424,13 +423,19 @@ class Controller:
         counted as a peer having progressed while it did not. Not only the last heartbeat: one that
         came after the sync ended and before the sync step's event was written (its weights'
         checksum, on a loaded machine) said "not waiting" and flagged a peer (a CI run, and 1 of 4 runs of
-        ``test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung`` here)."""
+        ``test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung`` here).
+
+        A hang is reported once until the group steps again, judged by the step's own time: a group
+        stopped (SIGSTOP) between stamping a step event and writing it writes that step when it runs
+        again, and reading it as progress made after the report flagged the same hang twice (a
+        fresh clone's run of the test above: stopped at 0.0, its step 14 stamped -0.009 s and written at
+        5.0 s, the second ``hang`` at 5.02 s)."""
         now = time.time()
         limit = self.hang_timeout_s()
         running = [s for s in self.slots.values() if s.state == "running" and s.committed_steps > 0]
         for slot in running:
             idle = now - slot.last_progress_t
-            if idle < limit or slot.hang_reported:
+            if idle < limit or slot.last_progress_t < slot.hang_reported_t:  # reported, no step since
                 continue
             view = self.run_state.replicas[slot.replica]
             if len(running) > 1:
@@ -442,7 +447,7 @@ class Controller:
                 seen = view.last_seen or slot.last_progress_t
                 if now - seen < limit:
                     continue
-            slot.hang_reported = True
+            slot.hang_reported_t = now
             self.writer.emit(
                 "hang", target=slot.replica, attempt=slot.attempt, step=slot.last_step,
                 seconds_without_progress=round(idle, 3), timeout_s=round(limit, 3),
