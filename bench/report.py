@@ -480,12 +480,14 @@ NOTES = """\
   as numpy arrays (sorted only when out of order, list fields built through numpy). Reading and parsing the
   bytes alone is about half of a cold `metrics()` (section 4) and by itself runs at about 1M lines/s only
   when the 2 cores are not taken by other users' training; the rest (step filter, 50,000 Python lists for
-  `batch_seed`, merge) roughly doubles right after a dict-heavy call. Neither polars' `read_ndjson` (with or
+  `batch_seed`, merge) roughly doubles right after a dict-heavy call, which is why each read in
+  section 4 starts with no other read's frame alive. Neither polars' `read_ndjson` (with or
   without a schema), an explicit pyarrow schema, nor pyarrow's CSV tokenizer over the same bytes parsed
   faster by enough (measured for issue 19). So the controller, which reads every byte anyway, keeps the
   step rows as columns and writes them as an Arrow file (`index/steps.arrow`, one writer, replaced by
   rename, at most every 30 s and at the run's end); a cold `metrics()` starts from it and parses only the
-  bytes after it. The dashboard's incremental poll still needs dicts (its fold
+  bytes after it. Of such a read (about 9 ms on a quiet machine) most is building the 50,000 `batch_seed`
+  lists that the frame holds as Python lists, like the dict path's. The dashboard's incremental poll still needs dicts (its fold
   reads each event), on new bytes only.
 - **Kill → participating (fresh process).** Local jobs are forked from the run's fork server, which
   imported torch, torchft and the trainer and warmed up once, so a replacement no longer pays process

@@ -362,11 +362,17 @@ def _to_numpy(col) -> np.ndarray:
         values = _lists(col)
     else:
         values = col.to_pylist() if (pa.types.is_nested(t) or col.null_count) else col.to_numpy(zero_copy_only=False)
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
+    out = _objects(values)
     if col.null_count:
         out[np.asarray(col.is_null())] = np.nan
     return out
+
+
+def _objects(values) -> np.ndarray:
+    """A 1-d object array holding each value as it is (a list stays one element). ``fromiter``, not
+    slice assignment, which first probes the values as a nested sequence: 0.4 against 2.1 ms for
+    50,000 lists of three ints."""
+    return np.fromiter(values, dtype=object, count=len(values))
 
 
 def _lists(col) -> list:

@@ -40,7 +40,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .metrics import _to_numpy, gc_paused
+from .metrics import _objects, _to_numpy, gc_paused
 
 log = logging.getLogger(__name__)
 
@@ -179,12 +179,6 @@ def _decode(table) -> pd.DataFrame:
         else:
             raise ValueError(f"column {field.name}: unknown encoding {enc!r}")
     return pd.DataFrame(out, copy=False)
-
-
-def _objects(values: list) -> np.ndarray:
-    out = np.empty(len(values), dtype=object)
-    out[:] = values
-    return out
 
 
 def _same(a: pd.DataFrame, b: pd.DataFrame) -> bool:
