@@ -17,6 +17,8 @@ window after its first step:
   cost without the workbench's telemetry;
 - a torchft knob: the Manager's heartbeat to the lighthouse every 500 ms instead of 100 ms (one
   thread fewer waking up 10×/s per group on a 2-core machine; below the 1 s heartbeat timeout).
+- ``torchft.tokio_worker_threads: null``: tokio's default of one worker per core in each of the
+  Manager's runtimes, against the workbench's 1 (``spec.TorchftSpec`` says why).
 
 Rates come from heartbeats (every variant writes them), so that the bare run is measured the same
 way; ``step_time_s`` (zero_grad → optimizer step, the same span in both trainers) where step events exist.
@@ -44,6 +46,8 @@ TIMED = Variant("torchft-lite step_timing", {"trainer": "torchft-lite", "torchft
 BARE = Variant("torchft-lite bare", {"trainer": "torchft-lite", "write_events": False, "torchft.structured_logs": False})
 KNOB = Variant("torchft-lite heartbeat_interval 500 ms",
                {"trainer": "torchft-lite", "torchft.heartbeat_interval_ms": 500})
+TOKIO_DEFAULT = Variant("torchft-lite tokio workers per core",
+                       {"trainer": "torchft-lite", "torchft.tokio_worker_threads": None})
 PHASES = ("zero_grad", "forward", "backward", "allreduce", "quorum_wait", "optimizer_step", "commit_vote",
           "inner_step", "quorum_rtt", "workbench")
 
@@ -54,7 +58,7 @@ def plain_ddp() -> Variant:
 
 def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
     base = plain_ddp()
-    records = interleaved([base, TORCHFT, TIMED, BARE, KNOB], reps, window_s, root, log)
+    records = interleaved([base, TORCHFT, TIMED, BARE, KNOB, TOKIO_DEFAULT], reps, window_s, root, log)
     runs = []
     for rec in records:
         steps = [e for e in rec.events if e.get("kind") == "step" and e.get("committed")
@@ -83,10 +87,11 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
 
     out = {"reps": reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
            "timed_steps": len(timed)}
-    for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, KNOB.name):
+    for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, KNOB.name, TOKIO_DEFAULT.name):
         out[v] = {"rate": med(v, "heartbeat_rate"), "step_s": med(v, "median_step_time_s"),
                   "cpu_ms_per_step": med(v, "cpu_ms_per_step")}
     out["paired"] = paired(runs, base.name, TORCHFT.name)
+    out["paired_tokio"] = paired(runs, TOKIO_DEFAULT.name, TORCHFT.name)
     return out
 
 
@@ -166,6 +171,11 @@ def lines(sc: dict) -> list[str]:
         f"- torchft's knob: Manager heartbeat every 500 ms instead of 100 ms (`torchft.heartbeat_interval_ms`), vs plain DDP: "
         f"samples/s {_f(_pct(slower(base, sc.get(KNOB.name))))} % lower, vs torchft-lite at 100 ms "
         f"{_f(_pct(slower(ft, sc.get(KNOB.name))))} % lower (async quorum is on in every torchft run)",
+        f"- tokio's default of a worker per core in each of the Manager's runtimes (`torchft.tokio_worker_threads: null`) "
+        f"vs plain DDP: samples/s {_f(_pct(slower(base, sc.get(TOKIO_DEFAULT.name))))} % lower; the workbench's 1 worker"
+        + (", paired with it: samples/s lower by " + ", ".join(f"{x * 100:.1f} %" for x in sc["paired_tokio"]["rate_lower"])
+           + f" (median {sc['paired_tokio']['rate_lower_median'] * 100:.1f} %; negative: faster)"
+           if (sc.get("paired_tokio") or {}).get("rate_lower") else ": not measured"),
         "",
     ]
     if sc["phases"]:

@@ -136,7 +136,9 @@ def test_the_server_refuses_to_fork_with_a_thread_or_a_listener():
 
 @pytest.mark.slow
 def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(start_run):
-    run = start_run("demo", {"faults": [], "steps": 100000, "model.step_delay_s": 0.01})
+    # 3: neither tokio's default (a worker per core) nor the workbench's (1), so the check below can only
+    # pass if the setting reached the runtimes the Manager started in each forked group.
+    run = start_run("demo", {"faults": [], "steps": 100000, "model.step_delay_s": 0.01, "torchft.tokio_worker_threads": 3})
     run.wait_for_step(20, timeout=120)
     server = next(p for p in psutil.Process(run._controller.pid).children()
                   if "workbench.cluster.forkserver" in " ".join(p.cmdline()))
@@ -157,6 +159,10 @@ def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(s
     assert proc.ppid() == server.pid  # forked by the run's fork server, not started by submitit's local controller
     assert [e["seconds"] for e in events if e["kind"] == "phase" and e.get("phase") == "imports_done"
             and e.get("replica") == 1 and e.get("attempt") == 1][0] < 0.5  # nothing left to import
+    # torchft.tokio_worker_threads: the Manager's runtimes (its server and its client) each have that many workers.
+    for pid in (starts[(0, 0)]["pid"], again["pid"]):
+        names = [Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{pid}/task")]
+        assert (names.count("torchft-manager"), names.count("torchft-mgrclnt")) == (3, 3), sorted(names)
 
     # The killed child is reaped (no zombie), and the relaunched one healed from a live peer.
     wait_until(lambda: reaped(fault["pid"]), 10, "the killed child to be reaped")

@@ -139,6 +139,8 @@ def run(ctx: JobContext) -> None:
                     address=host, **ctx.placement())
         writer.emit("phase", phase="imports_done", seconds=0.0, from_spare=spare_id)
         writer.emit("phase", phase="model_ready", seconds=time.time() - t_assigned, checkpoint_address=transport.metadata())
+    if tf.get("tokio_worker_threads"):  # read by the tokio runtimes the Manager starts (spec.TorchftSpec)
+        os.environ["TOKIO_WORKER_THREADS"] = str(tf["tokio_worker_threads"])
     manager = Manager(
         pg=pg,
         min_replica_size=spec["min_replicas"],
