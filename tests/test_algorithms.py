@@ -40,6 +40,9 @@ from workbench.spec_load import load_spec
          "trainer titan cannot set it"),
         (["ft.algorithm=ddp", "ft.catch_up=true"], "catch_up", "only for a semi-synchronous ft.algorithm"),
         (["trainer=titan", "ft.algorithm=diloco", "ft.catch_up=true"], "ft.catch_up", "for trainer torchft-lite"),
+        (["ft.algorithm=localsgd", "ft.bucket_cap_mb=1"], "bucket_cap_mb", "only for ft.algorithm diloco or streaming_diloco"),
+        (["ft.algorithm=diloco", "ft.bucket_cap_mb=0"], "ft.bucket_cap_mb", "greater than 0"),
+        (["trainer=titan", "ft.algorithm=diloco", "ft.bucket_cap_mb=1"], "ft.bucket_cap_mb (1.0)", "for trainer torchft-lite"),
     ],
 )
 def test_bad_ft_section_is_refused_in_one_line_naming_the_field(overrides, field, allowed):
@@ -83,6 +86,8 @@ ALGORITHM_RUNS = {
     "diloco": ["ft.algorithm=diloco", "ft.sync_every=5"],
     "streaming_diloco": ["ft.algorithm=streaming_diloco", "ft.fragments=2", "ft.sync_every=6",
                          "ft.fragment_sync_delay=1"],
+    # torchft's bucketized all-reduce: the pseudo-gradients packed into one flat buffer and unpacked again
+    "diloco-bucketized": ["ft.algorithm=diloco", "ft.sync_every=5", "ft.bucket_cap_mb=1"],
 }
 
 
@@ -97,9 +102,10 @@ def _shared_commit(run, replica, attempt, after):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("algorithm", sorted(ALGORITHM_RUNS))
-def test_killed_group_comes_back_heals_and_syncs_again(start_run, algorithm):
-    run = start_run("algorithms", [*ALGORITHM_RUNS[algorithm], "steps=100000", "faults=[]"])
+@pytest.mark.parametrize("case", sorted(ALGORITHM_RUNS))
+def test_killed_group_comes_back_heals_and_syncs_again(start_run, case):
+    algorithm = case.split("-")[0]
+    run = start_run("algorithms", [*ALGORITHM_RUNS[case], "steps=100000", "faults=[]"])
     # Both groups have committed a sync together (the joins done, the schedule running).
     run.wait_for(lambda r: _shared_commit(r, 0, 0, None) and _shared_commit(r, 1, 0, None), timeout=120)
     kill = run.kill(replica=1)

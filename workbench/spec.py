@@ -114,6 +114,11 @@ class FtSpec(_Section):
     ``heartbeat_timeout_ms`` (it was frozen) ends its window at its next inner step instead of
     finishing it (see ``trainers/semi_sync.py``, "Catching up"). Off by default: the algorithms
     run as torchft implements them, with a fixed ``sync_every``.
+    ``bucket_cap_mb`` (torchft-lite, diloco family): torchft's bucketized all-reduce of the
+    pseudo-gradients, packed into flat buffers of at most this many MB, instead of one
+    all-reduce per parameter tensor (torchft's default, kept when unset). Each all-reduce
+    crosses every group in turn, so at 16 groups on 2 cores a sync's time is mostly these
+    round trips, and a sync's length is how exposed it is to a fault (``docs/classroom.md``).
 
     A semi-synchronous run's groups meet only at syncs: the lighthouse's
     ``join_timeout_ms`` is how long a group at a sync waits for a peer that is
@@ -133,6 +138,7 @@ class FtSpec(_Section):
     outer_nesterov: bool = True
     quantize: bool = False
     catch_up: bool = False
+    bucket_cap_mb: Optional[float] = Field(None, gt=0, le=65536)
 
     @model_validator(mode="after")
     def _rules(self) -> "FtSpec":
@@ -157,8 +163,9 @@ class FtSpec(_Section):
         if algo == "localsgd":
             for key in changed:
                 if key not in ("sync_every", "catch_up"):
-                    raise ValueError(f"{key}: only for ft.algorithm {' or '.join(DILOCO_FAMILY)}; "
-                                     "localsgd averages the parameters, it has no outer optimizer")
+                    raise ValueError(f"{key}: only for ft.algorithm {' or '.join(DILOCO_FAMILY)}; torchft's "
+                                     "LocalSGD averages the parameters (no outer optimizer, fragments, quantization "
+                                     "or bucketization)")
         elif self.fragment_sync_delay >= self.sync_every // self.fragments:
             raise ValueError(f"fragment_sync_delay ({self.fragment_sync_delay}) must be < sync_every / fragments "
                              f"({self.sync_every // self.fragments}): a fragment must be synced before it is "
@@ -430,6 +437,9 @@ class Spec(_Section):
         if self.trainer == "titan" and ft.catch_up:
             raise ValueError("ft.catch_up: true is for trainer torchft-lite; TorchTitan's own semi-sync loop "
                              "keeps a fixed sync_every")
+        if self.trainer == "titan" and ft.bucket_cap_mb is not None:
+            raise ValueError(f"ft.bucket_cap_mb ({ft.bucket_cap_mb}) is for trainer torchft-lite; TorchTitan's "
+                             "fault_tolerance options do not pass DiLoCo's bucketization on")
         if self.trainer == "torchft-lite" and ft.fragments > self.model.layers + 2:
             raise ValueError(f"ft.fragments ({ft.fragments}) must be <= model.layers + 2 ({self.model.layers + 2}): "
                              "a fragment is the embeddings, one or more blocks, or the head")

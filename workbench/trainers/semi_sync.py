@@ -150,7 +150,7 @@ class SemiSync:
                                      nesterov=ft["outer_nesterov"]) for p in parts]
             self.impl = DiLoCo(manager, parts, inner_opt, outer, sync_every=ft["sync_every"],
                                should_quantize=ft["quantize"], fragment_sync_delay=ft["fragment_sync_delay"],
-                               fragment_update_alpha=ft["fragment_update_alpha"])
+                               fragment_update_alpha=ft["fragment_update_alpha"], bucket_cap_mb=ft.get("bucket_cap_mb"))
             self.inner_per_sync = ft["sync_every"] // n
             self.fragments = self.impl._fragments
             for i, frag in enumerate(self.fragments):
