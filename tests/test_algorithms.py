@@ -120,6 +120,13 @@ def test_killed_group_comes_back_heals_and_syncs_again(start_run, case):
     # Syncs moved measured bytes, and sync events say which algorithm did them.
     shared = [s for s in _syncs(events) if s.get("participants") == 2 and s.get("committed")]
     assert shared and all(s["bytes"] > 0 for s in shared)
+    if case == "diloco-bucketized":  # the whole model (0.5 MB) in one flat buffer under the 1 MB cap
+        assert {s["allreduces"] for s in shared} == {1}, shared
+    elif algorithm == "diloco":  # torchft's default: one all-reduce per parameter tensor
+        from workbench.trainers.tiny_decoder import build_model
+
+        tensors = len(list(build_model(run.spec.model.model_dump()).parameters()))
+        assert {s["allreduces"] for s in shared} == {tensors}, shared
     assert {s["algorithm"] for s in _syncs(events)} == {algorithm}
     # The victim's new attempt joined at a sync and healed from the survivor.
     heals = [e for e in events if e["kind"] == "heal" and e.get("replica") == 1 and e.get("attempt") == 1]

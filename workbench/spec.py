@@ -115,10 +115,12 @@ class FtSpec(_Section):
     finishing it (see ``trainers/semi_sync.py``, "Catching up"). Off by default: the algorithms
     run as torchft implements them, with a fixed ``sync_every``.
     ``bucket_cap_mb`` (torchft-lite, diloco family): torchft's bucketized all-reduce of the
-    pseudo-gradients, packed into flat buffers of at most this many MB, instead of one
-    all-reduce per parameter tensor (torchft's default, kept when unset). Each all-reduce
-    crosses every group in turn, so at 16 groups on 2 cores a sync's time is mostly these
-    round trips, and a sync's length is how exposed it is to a fault (``docs/classroom.md``).
+    pseudo-gradients (``use_bucketization``: this torchft only reads ``bucket_cap_mb`` with it),
+    packed into flat buffers of at most this many MB, instead of one all-reduce per parameter
+    tensor (torchft's default, kept when unset). Each all-reduce is a ring through every group,
+    so its latency grows with the groups, not the bytes: plain gloo here, 16 processes, the
+    classroom model's 0.5 MB as 30 tensors 1.31 s, as one 0.07 s; in the classroom's syncs,
+    last group in to first group out 1.0-1.27 s per tensor against 0.08-0.12 s bucketized.
 
     A semi-synchronous run's groups meet only at syncs: the lighthouse's
     ``join_timeout_ms`` is how long a group at a sync waits for a peer that is

@@ -77,16 +77,18 @@ from typing import Any, Optional
 
 
 class AllreduceBytes:
-    """Counts the bytes this process passes through ``pg.allreduce`` (see the module docstring)."""
+    """Counts the bytes this process passes through ``pg.allreduce`` (see the module docstring), and the calls."""
 
     def __init__(self, pg) -> None:
         self.total = 0
+        self.calls = 0
         self._taken = 0
         allreduce = pg.allreduce
 
         def counted(tensors, *args, **kwargs):
             if pg.size() > 1:
                 self.total += 2 * sum(t.numel() * t.element_size() for t in tensors)
+                self.calls += 1
             return allreduce(tensors, *args, **kwargs)
 
         pg.allreduce = counted
@@ -128,8 +130,19 @@ class SemiSync:
         self.syncs = 0
         self._early = False
         self._t = self._blocked = 0.0
-        self._bytes0 = self._step0 = 0
+        self._parts: dict[str, float] = {}
+        self._bytes0 = self._step0 = self._calls0 = 0
         self._wrap_start_quorum()
+        vote = manager.should_commit
+
+        def timed_vote(*args, **kwargs):
+            t0 = time.perf_counter()
+            try:
+                return vote(*args, **kwargs)
+            finally:
+                self._parts["vote"] = self._parts.get("vote", 0.0) + time.perf_counter() - t0
+
+        manager.should_commit = timed_vote
         if self.algorithm == "localsgd":
             self.impl = LocalSGD(manager, model, inner_opt, sync_every=ft["sync_every"])
             self.inner_per_sync = ft["sync_every"]
@@ -150,7 +163,8 @@ class SemiSync:
                                      nesterov=ft["outer_nesterov"]) for p in parts]
             self.impl = DiLoCo(manager, parts, inner_opt, outer, sync_every=ft["sync_every"],
                                should_quantize=ft["quantize"], fragment_sync_delay=ft["fragment_sync_delay"],
-                               fragment_update_alpha=ft["fragment_update_alpha"], bucket_cap_mb=ft.get("bucket_cap_mb"))
+                               fragment_update_alpha=ft["fragment_update_alpha"],
+                               use_bucketization=ft.get("bucket_cap_mb") is not None, bucket_cap_mb=ft.get("bucket_cap_mb"))
             self.inner_per_sync = ft["sync_every"] // n
             self.fragments = self.impl._fragments
             for i, frag in enumerate(self.fragments):
@@ -161,11 +175,11 @@ class SemiSync:
         prepare, perform = frag.prepare_sync, frag.perform_sync
 
         def timed_prepare() -> None:
-            with self._in_sync():
+            with self._in_sync("prepare"):
                 prepare()
 
         def timed_perform() -> bool:
-            with self._in_sync():
+            with self._in_sync("perform"):
                 committed = perform()
             self._end(i)
             return committed
@@ -177,23 +191,26 @@ class SemiSync:
         start_quorum = self.manager.start_quorum
 
         def timed(*args, **kwargs):
-            self._bytes0, self._step0 = self.counter.total, self.manager.current_step()
-            with self._in_sync():
+            self._bytes0, self._step0, self._calls0 = self.counter.total, self.manager.current_step(), self.counter.calls
+            with self._in_sync("quorum"):
                 start_quorum(*args, **kwargs)
 
         self.manager.start_quorum = timed
 
     @contextlib.contextmanager
-    def _in_sync(self):
-        """A blocking part of a sync: its time counts as blocked, and the heartbeat says the group waits for peers."""
+    def _in_sync(self, part: str):
+        """A blocking part of a sync: its time counts as blocked (and as ``<part>_s`` in the sync event),
+        and the heartbeat says the group waits for peers."""
         t0 = time.perf_counter()
         with self._waiting("sync"):
             yield
-        self._blocked += time.perf_counter() - t0
+        dt = time.perf_counter() - t0
+        self._blocked += dt
+        self._parts[part] = self._parts.get(part, 0.0) + dt
 
     def _begin(self, fragment: Optional[int]) -> None:
         self._t = time.perf_counter()
-        self._bytes0 = self.counter.total
+        self._bytes0, self._calls0 = self.counter.total, self.counter.calls
 
     def _end(self, fragment: Optional[int]) -> None:
         """Record the sync just done. DiLoCo's seconds: the time the step was blocked in it (quorum,
@@ -204,12 +221,14 @@ class SemiSync:
         self.done = dict(
             step=m.current_step(), sync_index=self.syncs, algorithm=self.algorithm,
             fragment=fragment if self.algorithm != "localsgd" else None,
-            bytes=self.counter.total - self._bytes0, seconds=seconds, participants=m.num_participants(),
+            bytes=self.counter.total - self._bytes0, allreduces=self.counter.calls - self._calls0, seconds=seconds, participants=m.num_participants(),
             quorum_id=commit["quorum_id"] if commit else m._quorum_id,
             committed=bool(commit["commit_result"]) if commit else m.current_step() > self._step0,
+            **{f"{part}_s": seconds for part, seconds in self._parts.items()},
         )
         self.syncs += 1
         self._blocked = 0.0
+        self._parts = {}
 
     def join(self) -> dict:
         """One sync before the first inner step (see the module docstring): heal from the peers at their next sync."""
