@@ -76,6 +76,10 @@ import time
 from typing import Any, Optional
 
 
+SYNC_PARTS = ("quorum", "prepare", "perform")
+"""The blocking parts of a sync, in order; DiLoCo's ``seconds`` is their sum (``vote`` is inside ``perform``)."""
+
+
 class AllreduceBytes:
     """Counts the bytes this process passes through ``pg.allreduce`` (see the module docstring), and the calls."""
 
@@ -124,25 +128,18 @@ class SemiSync:
         import torch
         from torchft.local_sgd import DiLoCo, LocalSGD
 
+        from .kit import StepPhases
+
         self.algorithm, self.manager, self.counter, self.log_handler = ft["algorithm"], manager, counter, log_handler
         self._waiting = beat.waiting if beat is not None else (lambda what: contextlib.nullcontext())
         self.done: Optional[dict] = None
         self.syncs = 0
         self._early = False
-        self._t = self._blocked = 0.0
-        self._parts: dict[str, float] = {}
+        self._t = 0.0
+        self._parts = StepPhases()  # this sync's seconds per blocking part (SYNC_PARTS), and the vote inside perform
         self._bytes0 = self._step0 = self._calls0 = 0
         self._wrap_start_quorum()
-        vote = manager.should_commit
-
-        def timed_vote(*args, **kwargs):
-            t0 = time.perf_counter()
-            try:
-                return vote(*args, **kwargs)
-            finally:
-                self._parts["vote"] = self._parts.get("vote", 0.0) + time.perf_counter() - t0
-
-        manager.should_commit = timed_vote
+        manager.should_commit = self._parts.timed("vote", manager.should_commit)
         if self.algorithm == "localsgd":
             self.impl = LocalSGD(manager, model, inner_opt, sync_every=ft["sync_every"])
             self.inner_per_sync = ft["sync_every"]
@@ -199,14 +196,12 @@ class SemiSync:
 
     @contextlib.contextmanager
     def _in_sync(self, part: str):
-        """A blocking part of a sync: its time counts as blocked (and as ``<part>_s`` in the sync event),
-        and the heartbeat says the group waits for peers."""
+        """A blocking part of a sync (one of ``SYNC_PARTS``): its time counts as blocked (``t_<part>_s`` in
+        the sync event), and the heartbeat says the group waits for peers."""
         t0 = time.perf_counter()
         with self._waiting("sync"):
             yield
-        dt = time.perf_counter() - t0
-        self._blocked += dt
-        self._parts[part] = self._parts.get(part, 0.0) + dt
+        self._parts.add(part, time.perf_counter() - t0)
 
     def _begin(self, fragment: Optional[int]) -> None:
         self._t = time.perf_counter()
@@ -217,18 +212,18 @@ class SemiSync:
         issuing the all-reduce, waiting for it and the vote), not the inner steps it overlapped."""
         m = self.manager
         commit = self.log_handler.take_commit() if self.log_handler is not None else None
-        seconds = time.perf_counter() - self._t if self.algorithm == "localsgd" else self._blocked
+        parts = self._parts.take()
+        blocked = sum(parts.get(f"t_{p}_s", 0.0) for p in SYNC_PARTS)
+        seconds = time.perf_counter() - self._t if self.algorithm == "localsgd" else blocked
         self.done = dict(
             step=m.current_step(), sync_index=self.syncs, algorithm=self.algorithm,
             fragment=fragment if self.algorithm != "localsgd" else None,
             bytes=self.counter.total - self._bytes0, allreduces=self.counter.calls - self._calls0, seconds=seconds, participants=m.num_participants(),
             quorum_id=commit["quorum_id"] if commit else m._quorum_id,
             committed=bool(commit["commit_result"]) if commit else m.current_step() > self._step0,
-            **{f"{part}_s": seconds for part, seconds in self._parts.items()},
+            **parts,
         )
         self.syncs += 1
-        self._blocked = 0.0
-        self._parts = {}
 
     def join(self) -> dict:
         """One sync before the first inner step (see the module docstring): heal from the peers at their next sync."""
