@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 # Full / quick settings: fault-free window and repetitions, kill-recovery run, kill period.
 FULL = dict(clean_window_s=30.0, clean_reps=3, writer_ab=True, recovery_window_s=75.0, recovery_every_s=12.5,
             kill_every_s=60.0, kill_window_s=180.0, checkpoint_every_s=10.0,
-            log_route_reps=3, log_route_window_s=20.0, stepcost_reps=3, stepcost_window_s=20.0)
+            log_route_reps=3, log_route_window_s=20.0, stepcost_reps=5, stepcost_window_s=16.0)
 QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window_s=0.0, recovery_every_s=0.0,
              kill_every_s=20.0, kill_window_s=40.0, checkpoint_every_s=5.0,
              log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0)

@@ -135,10 +135,13 @@ def _stop(run) -> None:
         run._controller.wait()
 
 
-def interleaved(variants: list[Variant], reps: int, window_s: float, run_root: Path, log=print) -> list[RunRecord]:
+def interleaved(variants: list[Variant], reps: int, window_s: float, run_root: Path, log=print,
+                alternate: bool = False) -> list[RunRecord]:
+    """Every variant once per repetition. ``alternate``: odd repetitions run the variants in reverse
+    order, so a drift linear in time cancels over each two repetitions (neighbours stay neighbours)."""
     out = []
     for rep in range(reps):
-        for v in variants:
+        for v in (variants[::-1] if alternate and rep % 2 else variants):
             log(f"[rep {rep + 1}/{reps}] {v.name}, {window_s:g} s window")
             out.append(run_variant(v, window_s, run_root, log))
     return out

@@ -25,7 +25,8 @@ way; ``step_time_s`` (zero_grad → optimizer step, the same span in both traine
 Two figures less at the mercy of the machine than a rate, since samples/s of the same variant moves by
 tens of percent between runs here (3 processes in lockstep on 2 cores, and the VM's neighbours):
 
-- the torchft/DDP ratio per repetition (the two ran back to back), and the median of those ratios;
+- the torchft/DDP ratio per repetition (the two ran back to back, DDP first in even repetitions and
+  last in odd ones: ``interleaved(alternate=True)``), and the median of those ratios;
 - CPU per group-step: the run's trainer processes' CPU (the controller's ``node_health`` samples,
   ``cpu_percent`` of each part's process tree, every 2 s) over the window, divided by the group-steps
   done meanwhile (from the same heartbeat rate). Neither run fills the 2 cores (measured 1.5-1.7
@@ -58,7 +59,8 @@ def plain_ddp() -> Variant:
 
 def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
     base = plain_ddp()
-    records = interleaved([base, TORCHFT, TIMED, BARE, KNOB, TOKIO_DEFAULT], reps, window_s, root, log)
+    records = interleaved([base, TORCHFT, TIMED, BARE, KNOB, TOKIO_DEFAULT], reps, window_s, root, log,
+                          alternate=True)
     runs = []
     for rec in records:
         steps = [e for e in rec.events if e.get("kind") == "step" and e.get("committed")
@@ -113,7 +115,7 @@ def trainer_cores(events: list[dict]) -> float | None:
 
 def paired(runs: list[dict], base: str, other: str) -> dict:
     """Per repetition (``interleaved`` runs every variant once per repetition, in order): how much lower
-    ``other``'s samples/s and how much more CPU per step it used than ``base`` in the run just before it."""
+    ``other``'s samples/s and how much more CPU per step it used than ``base``, its neighbour in that repetition."""
     a = [r for r in runs if r["variant"] == base]
     b = [r for r in runs if r["variant"] == other]
     lower = [1 - y["heartbeat_rate"] / x["heartbeat_rate"] for x, y in zip(a, b)
