@@ -171,7 +171,7 @@ def summarize(rec: dict) -> dict:
         "step_time_s_median": statistics.median(e["step_time_s"] for e in steps) if steps else None,
         "restarts": sum(1 for e in in_window if e.get("kind") == "restart"),
         "backlog": replay.timeline.backlog(), "loadavg_at_start": rec["load"], "error": rec["error"],
-        "steps": where_steps_went(events, window),
+        "steps": where_steps_went(events, first, window),
     }
     if len(rec["samples"]) == 2:
         a, b = rec["samples"]
@@ -191,14 +191,13 @@ def summarize(rec: dict) -> dict:
     return out
 
 
-def where_steps_went(events: list[dict], window_s: float) -> dict:
+def where_steps_went(events: list[dict], first: Optional[float], window_s: float) -> dict:
     """Every inner and sync step executed in the window, by fate: useful (its sync committed), lost
     because its process died before its next sync, voted down, not participating, or undecided when the
     log ends; and what the machine did meanwhile: group-seconds blocked in syncs (by part), the run's
     CPU (the controller's ``node_health``), and CPU per executed step. Compared with the fault-free
     half it says whether chaos cost executed work (the CPU idle or busy with something other than steps)
-    or only threw finished work away."""
-    first = min((e["t"] for e in events if e.get("kind") == "step" and e.get("committed")), default=None)
+    or only threw finished work away. ``first``: the window's start, the first committed step."""
     if first is None:
         return {}
     end = first + window_s
