@@ -15,8 +15,9 @@ window after its first step:
   trainer adds after the step (commit record, loss, checksum every 10 steps, the event write);
 - ``torchft-lite bare``: step events and the torchft log route off (heartbeats only): torchft's own
   cost without the workbench's telemetry;
-- a torchft knob: the Manager's heartbeat to the lighthouse every 500 ms instead of 100 ms (one
-  thread fewer waking up 10×/s per group on a 2-core machine; below the 1 s heartbeat timeout).
+- ``torchft.local_commit_vote: false``: torchft's commit vote as a gRPC round trip to the group's
+  ManagerServer, against the workbench's in-process answer for a group of one rank
+  (``trainers/commit_vote.py``), paired with torchft-lite like DDP is.
 - ``torchft.tokio_worker_threads: null``: tokio's default of one worker per core in each of the
   Manager's runtimes, against the workbench's 1 (``spec.TorchftSpec`` says why).
 
@@ -45,8 +46,7 @@ from .sessions import TORCHFT, Variant, interleaved
 
 TIMED = Variant("torchft-lite step_timing", {"trainer": "torchft-lite", "torchft.step_timing": True})
 BARE = Variant("torchft-lite bare", {"trainer": "torchft-lite", "write_events": False, "torchft.structured_logs": False})
-KNOB = Variant("torchft-lite heartbeat_interval 500 ms",
-               {"trainer": "torchft-lite", "torchft.heartbeat_interval_ms": 500})
+RPC_VOTE = Variant("torchft-lite commit vote over RPC", {"trainer": "torchft-lite", "torchft.local_commit_vote": False})
 TOKIO_DEFAULT = Variant("torchft-lite tokio workers per core",
                        {"trainer": "torchft-lite", "torchft.tokio_worker_threads": None})
 PHASES = ("zero_grad", "forward", "backward", "allreduce", "quorum_wait", "optimizer_step", "commit_vote",
@@ -59,7 +59,7 @@ def plain_ddp() -> Variant:
 
 def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
     base = plain_ddp()
-    records = interleaved([base, TORCHFT, TIMED, BARE, KNOB, TOKIO_DEFAULT], reps, window_s, root, log,
+    records = interleaved([base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT], reps, window_s, root, log,
                           alternate=True)
     runs = []
     for rec in records:
@@ -89,11 +89,12 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
 
     out = {"reps": reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
            "timed_steps": len(timed)}
-    for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, KNOB.name, TOKIO_DEFAULT.name):
+    for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, RPC_VOTE.name, TOKIO_DEFAULT.name):
         out[v] = {"rate": med(v, "heartbeat_rate"), "step_s": med(v, "median_step_time_s"),
                   "cpu_ms_per_step": med(v, "cpu_ms_per_step")}
     out["paired"] = paired(runs, base.name, TORCHFT.name)
     out["paired_tokio"] = paired(runs, TOKIO_DEFAULT.name, TORCHFT.name)
+    out["paired_vote"] = paired(runs, RPC_VOTE.name, TORCHFT.name)
     return out
 
 
@@ -170,9 +171,14 @@ def lines(sc: dict) -> list[str]:
         "— torchft's own cost",
         f"- what the workbench's telemetry adds (torchft-lite vs bare): samples/s {_f(_pct(slower(bare, ft)))} % lower",
         f"- the timing mode's own cost (step_timing vs torchft-lite): median step {_f(_pct(over(ft, timed, 'step_s')))} %",
-        f"- torchft's knob: Manager heartbeat every 500 ms instead of 100 ms (`torchft.heartbeat_interval_ms`), vs plain DDP: "
-        f"samples/s {_f(_pct(slower(base, sc.get(KNOB.name))))} % lower, vs torchft-lite at 100 ms "
-        f"{_f(_pct(slower(ft, sc.get(KNOB.name))))} % lower (async quorum is on in every torchft run)",
+        f"- torchft's commit vote over RPC (`torchft.local_commit_vote: false`) vs plain DDP: samples/s "
+        f"{_f(_pct(slower(base, sc.get(RPC_VOTE.name))))} % lower; the in-process vote"
+        + (", paired with it: samples/s lower by " + ", ".join(f"{x * 100:.1f} %" for x in sc["paired_vote"]["rate_lower"])
+           + f" (median {sc['paired_vote']['rate_lower_median'] * 100:.1f} %; negative: faster)"
+           + ("; CPU per group-step more by " + ", ".join(f"{x * 100:.1f} %" for x in sc["paired_vote"]["cpu_more"])
+              + f" (median {sc['paired_vote']['cpu_more_median'] * 100:.1f} %)" if sc["paired_vote"].get("cpu_more") else "")
+           if (sc.get("paired_vote") or {}).get("rate_lower") else ": not measured")
+        + " (async quorum is on in every torchft run)",
         f"- tokio's default of a worker per core in each of the Manager's runtimes (`torchft.tokio_worker_threads: null`) "
         f"vs plain DDP: samples/s {_f(_pct(slower(base, sc.get(TOKIO_DEFAULT.name))))} % lower; the workbench's 1 worker"
         + (", paired with it: samples/s lower by " + ", ".join(f"{x * 100:.1f} %" for x in sc["paired_tokio"]["rate_lower"])

@@ -71,6 +71,10 @@ class TorchftSpec(_Section):
     requests come one at a time. 1 measured faster in every pair (3 groups, fault-free,
     20 s windows, load 1.3-3.1): samples/s +15, +10 and +5 %, CPU per group-step -15, -10
     and -4 %; against plain DDP 4.0 % fewer samples/s (median) instead of 9.7 %. None: tokio's default.
+
+    ``local_commit_vote`` (torchft-lite): the group has one rank, so torchft's commit vote,
+    a gRPC round trip to the group's own ManagerServer, is answered in process with the
+    same result (``trainers/commit_vote.py``). False: torchft's round trip.
     """
 
     pg_timeout_ms: Optional[int] = Field(None, ge=100, le=3_600_000)
@@ -79,6 +83,7 @@ class TorchftSpec(_Section):
     quorum_retries: int = Field(20, ge=0, le=1000)
     heartbeat_interval_ms: int = Field(100, ge=10, le=10_000)
     tokio_worker_threads: Optional[int] = Field(1, ge=1, le=1024)
+    local_commit_vote: bool = True  # torchft-lite: the one-rank group's vote in process (trainers/commit_vote.py)
     use_async_quorum: bool = True
     structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
     step_timing: bool = False  # torchft-lite: per-phase seconds (t_<phase>_s) in each step event (bench/stepcost.py)

@@ -13,9 +13,10 @@ Each step:
    its first forward pass, so that heal has the CPU (bench/heal.py).
 2. forward/backward; torchft's DDP all-reduces gradients over the current
    quorum's gloo process group (a healing group contributes zeros).
-3. ``should_commit()`` — every group votes; the step counts only if every
-   participant finished its all-reduce. If a peer died mid-step the survivors
-   discard the step (it is recorded with ``committed=False``) and go on.
+3. ``should_commit()``: the step counts only if the group's all-reduce
+   succeeded. If a peer died mid-step the survivors' all-reduce fails, they
+   discard the step (it is recorded with ``committed=False``) and go on. The
+   group has one rank, so its vote is answered in process (:mod:`.commit_vote`).
 
 The model and the data are :mod:`.tiny_decoder`'s, shared with ddp-restart.
 """
@@ -50,7 +51,7 @@ def run(ctx: JobContext) -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from . import quorum_epochs, semi_sync
+    from . import commit_vote, quorum_epochs, semi_sync
     from .torchft_logs import TorchftLogHandler
 
     loopback.install(host)
@@ -162,6 +163,8 @@ def run(ctx: JobContext) -> None:
         use_async_quorum=tf["use_async_quorum"] and algorithm not in ("diloco", "streaming_diloco"),
     )
     quorum_epochs.install(manager, ctx.run_dir)
+    if tf.get("local_commit_vote", True):
+        commit_vote.install(manager, world_size=1)
     phases = _install_timing(manager, inner_opt) if tf.get("step_timing") and algorithm == "ddp" else None
     if algorithm == "ddp":
         ddp = (_timed_ddp(DistributedDataParallel, phases) if phases else DistributedDataParallel)(manager, model)
