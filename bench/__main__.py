@@ -34,10 +34,12 @@ REPO = Path(__file__).resolve().parent.parent
 # Full / quick settings: fault-free window and repetitions, kill-recovery run, kill period.
 FULL = dict(clean_window_s=30.0, clean_reps=3, writer_ab=True, recovery_window_s=75.0, recovery_every_s=12.5,
             kill_every_s=60.0, kill_window_s=180.0, checkpoint_every_s=10.0,
-            log_route_reps=3, log_route_window_s=20.0, stepcost_reps=5, stepcost_window_s=16.0)
+            log_route_reps=3, log_route_window_s=20.0, stepcost_reps=5, stepcost_window_s=16.0,
+            stepcost_pair_reps=5)
 QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window_s=0.0, recovery_every_s=0.0,
              kill_every_s=20.0, kill_window_s=40.0, checkpoint_every_s=5.0,
-             log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0)
+             log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0,
+             stepcost_pair_reps=0)
 
 
 SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal", "algorithms", "live_plot", "forkserver")
@@ -98,7 +100,8 @@ def main(argv: list[str] | None = None) -> int:
         if "log_route" in only:
             log_route = torchft_logs.measure(cfg["log_route_reps"], cfg["log_route_window_s"], root)
         if "stepcost" in only:
-            step_cost = _section(crashed, "stepcost", stepcost.measure, cfg["stepcost_reps"], cfg["stepcost_window_s"], root, ddp)
+            step_cost = _section(crashed, "stepcost", stepcost.measure, cfg["stepcost_reps"], cfg["stepcost_window_s"], root, ddp,
+                                 pair_reps=cfg["stepcost_pair_reps"])
         if "heal" in only:
             print("[heal bandwidth] ~250 MB of state, one kill")
             heal_bw = _section(crashed, "heal", heal.measure, root)

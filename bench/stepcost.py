@@ -27,7 +27,8 @@ Two figures less at the mercy of the machine than a rate, since samples/s of the
 tens of percent between runs here (3 processes in lockstep on 2 cores, and the VM's neighbours):
 
 - the torchft/DDP ratio per repetition (the two ran back to back, DDP first in even repetitions and
-  last in odd ones: ``interleaved(alternate=True)``), and the median of those ratios;
+  last in odd ones: ``interleaved(alternate=True)``), and the median of those ratios, over the
+  repetitions of all variants and ``pair_reps`` more of just these two;
 - CPU per group-step: the run's trainer processes' CPU (the controller's ``node_health`` samples,
   ``cpu_percent`` of each part's process tree, every 2 s) over the window, divided by the group-steps
   done meanwhile (from the same heartbeat rate). Neither run fills the 2 cores (measured 1.5-1.7
@@ -57,10 +58,17 @@ def plain_ddp() -> Variant:
     return Variant("ddp (plain, no checkpoint)", {"trainer": "ddp-restart", "checkpoint.every_s": 3600.0})
 
 
-def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
+def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: int = 0) -> dict:
+    """``reps`` repetitions of every variant, then ``pair_reps`` more of plain DDP and torchft-lite alone:
+    the target's comparison. Two runs of one variant here differ by up to 45 % in samples/s, and one
+    slow stretch of the machine can take a whole pair (a full run's first repetition: torchft-lite at
+    804 samples/s between runs at 1,057 and 1,164), so the median over 5 pairs moved from 8.9 to 5.5 %
+    between two full runs and was -2.4 % in a third session of the same code."""
     base = plain_ddp()
     records = interleaved([base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT], reps, window_s, root, log,
                           alternate=True)
+    if pair_reps:
+        records += interleaved([base, TORCHFT], pair_reps, window_s, root, log, alternate=True)
     runs = []
     for rec in records:
         steps = [e for e in rec.events if e.get("kind") == "step" and e.get("committed")
@@ -87,7 +95,7 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print) -> dict:
         vals = [r[col] for r in runs if r["variant"] == variant and r[col]]
         return statistics.median(vals) if vals else None
 
-    out = {"reps": reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
+    out = {"reps": reps, "pair_reps": pair_reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
            "timed_steps": len(timed)}
     for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, RPC_VOTE.name, TOKIO_DEFAULT.name):
         out[v] = {"rate": med(v, "heartbeat_rate"), "step_s": med(v, "median_step_time_s"),
@@ -135,7 +143,8 @@ def lines(sc: dict) -> list[str]:
                              sc.get(TIMED.name))
     out = ["## 6. Per-step cost, broken down (torchft-lite vs plain DDP)", "",
            f"Fault-free, 3 groups / 3 ranks, interleaved, {sc['reps']} repetition(s) of a {sc['window_s']:g} s window "
-           "(`bench/stepcost.py` says what each variant and phase is). Rates in samples/s from heartbeats.", "",
+           + (f"and {sc['pair_reps']} more of plain DDP and torchft-lite alone " if sc.get("pair_reps") else "")
+           + "(`bench/stepcost.py` says what each variant and phase is). Rates in samples/s from heartbeats.", "",
            table(pd.DataFrame(sc["runs"]).drop(columns=["error"])), ""]
 
     def over(a, b, col):
