@@ -115,8 +115,11 @@ def test_useful_throughput_counts_committed_participating_samples(log):
     b = (m["end"] - replay.start) / 8
     tp = replay.timeline.throughput(bin_s=b, until=m["end"] + b)  # bins that cover the whole log
     assert tp["rate"].sum() * b == pytest.approx(len(steps) * batch)
-    kill_bin = int((m["kill3"] - replay.start) // b)
-    in_kill_bin = sum(1 for e in steps if int((e["t"] - replay.start) // b) == kill_bin)
+    # Bin k is [start + k·b, start + (k+1)·b): the log spans milliseconds at t ≈ 1.8e9 s, so an event can sit
+    # within float rounding of an edge, where (t - start) // b and a comparison with the edge disagree.
+    edge = lambda k: replay.start + b * k
+    kill_bin = max(k for k in range(9) if edge(k) <= m["kill3"])
+    in_kill_bin = sum(1 for e in steps if edge(kill_bin) <= e["t"] < edge(kill_bin + 1))
     assert tp["rate"][kill_bin] * b == pytest.approx(in_kill_bin * batch)
     assert replay.timeline.throughput(bin_s=b, until=m["end"] - b / 2)["t"].size == 7  # the unfilled bin is left out
     assert useful_rate(events, batch)["samples"] == len(steps) * batch
