@@ -16,7 +16,9 @@ group. ``LocalVoteClient`` answers it in process; ``torchft.local_commit_vote:
 false`` keeps torchft's round trip. Measured paired (bench/stepcost.py, 5
 repetitions of 16 s, 3 groups, fault-free, load 1.5-3.8): the phase fell to
 0.26 ms, samples/s rose by 5.2 % (median; pairs 3.5, -2.6, 5.2, 5.4, 6.4 %)
-and CPU per group-step fell by 4.7 %.
+and CPU per group-step fell by 4.7 %. In a full ``make bench`` at load
+2.9-3.9 the same pairs read 0.2 % (-11.6, 25.3, -5.5, 0.2, 7.3 %; the phase
+0.27 ms): there the saving is within the machine's noise.
 ``Manager.should_commit`` still computes the vote (participants, errors,
 a pending heal) and logs the commit record as before.
 """
