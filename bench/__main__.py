@@ -175,12 +175,12 @@ def _write_marked(out: Path, name: str, lines: list[str]) -> None:
     algorithms.write_section(out, "\n".join([begin, *lines, end]) + "\n", begin, end)
 
 
-def _section(crashed: list, name: str, fn, *args):
+def _section(crashed: list, name: str, fn, *args, **kwargs):
     """One section's measurement; an exception is recorded (and ends in exit 1), not fatal to the others."""
     import traceback
 
     try:
-        return fn(*args)
+        return fn(*args, **kwargs)
     except Exception as e:
         traceback.print_exc()
         crashed.append({"variant": f"section {name}", "error": f"{type(e).__name__}: {e}"})
