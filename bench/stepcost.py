@@ -182,17 +182,10 @@ def lines(sc: dict) -> list[str]:
         f"- the timing mode's own cost (step_timing vs torchft-lite): median step {_f(_pct(over(ft, timed, 'step_s')))} %",
         f"- torchft's commit vote over RPC (`torchft.local_commit_vote: false`) vs plain DDP: samples/s "
         f"{_f(_pct(slower(base, sc.get(RPC_VOTE.name))))} % lower; the in-process vote"
-        + (", paired with it: samples/s lower by " + ", ".join(f"{x * 100:.1f} %" for x in sc["paired_vote"]["rate_lower"])
-           + f" (median {sc['paired_vote']['rate_lower_median'] * 100:.1f} %; negative: faster)"
-           + ("; CPU per group-step more by " + ", ".join(f"{x * 100:.1f} %" for x in sc["paired_vote"]["cpu_more"])
-              + f" (median {sc['paired_vote']['cpu_more_median'] * 100:.1f} %)" if sc["paired_vote"].get("cpu_more") else "")
-           if (sc.get("paired_vote") or {}).get("rate_lower") else ": not measured")
-        + " (async quorum is on in every torchft run)",
+        + _paired_with(sc.get("paired_vote"), cpu=True) + " (async quorum is on in every torchft run)",
         f"- tokio's default of a worker per core in each of the Manager's runtimes (`torchft.tokio_worker_threads: null`) "
         f"vs plain DDP: samples/s {_f(_pct(slower(base, sc.get(TOKIO_DEFAULT.name))))} % lower; the workbench's 1 worker"
-        + (", paired with it: samples/s lower by " + ", ".join(f"{x * 100:.1f} %" for x in sc["paired_tokio"]["rate_lower"])
-           + f" (median {sc['paired_tokio']['rate_lower_median'] * 100:.1f} %; negative: faster)"
-           if (sc.get("paired_tokio") or {}).get("rate_lower") else ": not measured"),
+        + _paired_with(sc.get("paired_tokio")),
         "",
     ]
     if sc["phases"]:
@@ -204,6 +197,18 @@ def lines(sc: dict) -> list[str]:
                 "allreduce and quorum_wait are inside backward, commit_vote and inner_step inside optimizer_step, "
                 "quorum_rtt overlaps the step, workbench follows it):", "", table(pd.DataFrame(rows)), ""]
     return out
+
+
+def _paired_with(pr, cpu: bool = False) -> str:
+    """``paired``'s per-repetition figures as the clause after a variant's name, or that it was not measured."""
+    if not (pr or {}).get("rate_lower"):
+        return ": not measured"
+    text = (", paired with it: samples/s lower by " + ", ".join(f"{x * 100:.1f} %" for x in pr["rate_lower"])
+            + f" (median {pr['rate_lower_median'] * 100:.1f} %; negative: faster)")
+    if cpu and pr.get("cpu_more"):
+        text += ("; CPU per group-step more by " + ", ".join(f"{x * 100:.1f} %" for x in pr["cpu_more"])
+                 + f" (median {pr['cpu_more_median'] * 100:.1f} %)")
+    return text
 
 
 def _pct(x):
