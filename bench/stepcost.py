@@ -50,6 +50,7 @@ BARE = Variant("torchft-lite bare", {"trainer": "torchft-lite", "write_events": 
 RPC_VOTE = Variant("torchft-lite commit vote over RPC", {"trainer": "torchft-lite", "torchft.local_commit_vote": False})
 TOKIO_DEFAULT = Variant("torchft-lite tokio workers per core",
                        {"trainer": "torchft-lite", "torchft.tokio_worker_threads": None})
+OVERHEAD_LIMIT = 0.05  # the target: torchft-lite's samples/s at most 5 % below plain DDP's (paired median)
 PHASES = ("zero_grad", "forward", "backward", "allreduce", "quorum_wait", "optimizer_step", "commit_vote",
           "inner_step", "quorum_rtt", "workbench")
 
@@ -136,7 +137,7 @@ def paired(runs: list[dict], base: str, other: str) -> dict:
 
 
 def lines(sc: dict) -> list[str]:
-    from .report import _f, table
+    from .report import _apart, _f, table
     import pandas as pd
 
     base, ft, bare, timed = (sc.get("ddp (plain, no checkpoint)"), sc.get(TORCHFT.name), sc.get(BARE.name),
@@ -167,8 +168,8 @@ def lines(sc: dict) -> list[str]:
     if pr.get("rate_lower"):
         out += [
             f"- torchft-lite vs plain DDP, paired (each repetition's two runs back to back): samples/s lower by "
-            + ", ".join(f"{x * 100:.1f} %" for x in pr["rate_lower"]) + f" (median **{pr['rate_lower_median'] * 100:.1f} %**)"
-            + (("; CPU per group-step more by " + ", ".join(f"{x * 100:.1f} %" for x in pr["cpu_more"])
+            + _percents(pr["rate_lower"]) + f" (median **{_apart(pr['rate_lower_median'] * 100, OVERHEAD_LIMIT * 100)} %**)"
+            + (("; CPU per group-step more by " + _percents(pr["cpu_more"])
                 + f" (median **{pr['cpu_more_median'] * 100:.1f} %**; plain DDP "
                 f"{_f(base.get('cpu_ms_per_step'), '{:.1f}')} ms, torchft-lite {_f(ft.get('cpu_ms_per_step'), '{:.1f}')} ms "
                 "of CPU per group-step, medians)") if pr.get("cpu_more") else ""),
@@ -203,12 +204,15 @@ def _paired_with(pr, cpu: bool = False) -> str:
     """``paired``'s per-repetition figures as the clause after a variant's name, or that it was not measured."""
     if not (pr or {}).get("rate_lower"):
         return ": not measured"
-    text = (", paired with it: samples/s lower by " + ", ".join(f"{x * 100:.1f} %" for x in pr["rate_lower"])
+    text = (", paired with it: samples/s lower by " + _percents(pr["rate_lower"])
             + f" (median {pr['rate_lower_median'] * 100:.1f} %; negative: faster)")
     if cpu and pr.get("cpu_more"):
-        text += ("; CPU per group-step more by " + ", ".join(f"{x * 100:.1f} %" for x in pr["cpu_more"])
-                 + f" (median {pr['cpu_more_median'] * 100:.1f} %)")
+        text += "; CPU per group-step more by " + _percents(pr["cpu_more"]) + f" (median {pr['cpu_more_median'] * 100:.1f} %)"
     return text
+
+
+def _percents(fractions) -> str:
+    return ", ".join(f"{x * 100:.1f} %" for x in fractions)
 
 
 def _pct(x):
