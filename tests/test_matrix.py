@@ -149,6 +149,21 @@ def test_an_armed_fault_fires_on_the_save_the_writer_held_in_whichever_order_the
     assert [tr.observe(e) for e in (held, done, armed_ev)] == [None, None, None]
 
 
+def test_an_armed_kill_in_allreduce_fires_on_the_groups_held_event_only():
+    arm = {"kind": "armed", "t": 1.0, "action": "kill_in_allreduce", "target": 2, "trigger": "allreduce"}
+    save = {"kind": "checkpoint", "t": 1.1, "replica": 2, "step": 10, "state": "started", "held": True}
+    held = {"kind": "held", "t": 1.2, "replica": 2, "trigger": "allreduce", "step": 4}
+    other = {**held, "replica": 1}
+
+    tr = Triggers()  # a held save of the same group is another trigger's; another group's hold is not its
+    assert [tr.observe(e) for e in (arm, save, other)] == [None, None, None]
+    assert tr.observe(held) == (arm, held)
+
+    tr = Triggers()  # a hold that ended without the kill (disarmed, timed out) fires nothing later
+    released = {**held, "t": 1.3, "released": True}
+    assert [tr.observe(e) for e in (held, released, arm)] == [None, None, None]
+
+
 def test_the_ledger_tells_writing_skipped_and_incomplete_saves_and_checks_the_commit_marker(tmp_path):
     committed = tmp_path / "step-00000005.pt"
     committed.write_bytes(b"x")

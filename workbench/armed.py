@@ -27,6 +27,15 @@ by timestamps raced: an arm written mid-save made the writer hold a save the
 controller would not kill, for the full :data:`HOLD_S`, which outlasted
 gloo's 30 s collective timeout on the writer's peers: measured on a loaded
 2-core machine, the attempt died of that timeout and the kill hit the next one.)
+
+``kill_in_allreduce`` is the same handshake around a collective: the group's
+process, about to join an all-reduce across groups (the first one of a sync
+or of a step), finds the arm file, emits ``held`` (``trigger="allreduce"``)
+and waits there, so its peers enter the all-reduce and wait for it inside;
+the controller's SIGKILL then lands with every peer blocked on the dead
+group, the case that costs a whole ``pg_timeout_ms`` (docs/classroom.md).
+A hold that ends without the kill (disarmed, or :data:`HOLD_S` passed) says
+``held`` with ``released=True``.
 """
 
 from __future__ import annotations
@@ -72,26 +81,40 @@ def hold_while_armed(run_dir, trigger: str, replica: int, limit_s: float = HOLD_
 
 
 class Triggers:
-    """The controller's side: which armed faults the events just folded make due."""
+    """The controller's side: which armed faults the events just folded make due.
+
+    An arm and its trigger pair by (trigger, target), in whichever order they
+    are read. Trigger events: ``checkpoint`` with ``state="started"`` and
+    ``held`` (trigger ``"checkpoint"``), and ``held`` (its ``trigger`` field).
+    A held trigger that ends without the fault (a durable checkpoint; a
+    ``held`` with ``released``) is forgotten.
+    """
 
     def __init__(self) -> None:
-        self.armed: dict[int, dict] = {}  # target -> its armed event
-        self.held: dict[int, dict] = {}  # replica -> its held save's started event, not yet committed
+        self.armed: dict[tuple[str, int], dict] = {}  # (trigger, target) -> its armed event
+        self.held: dict[tuple[str, int], dict] = {}  # (trigger, replica) -> the event that holds, not yet released
 
     def observe(self, e: dict) -> Optional[tuple[dict, dict]]:
         """(armed event, trigger event) when ``e`` completes a pair, else None."""
-        kind = e.get("kind")
+        kind, replica = e.get("kind"), e.get("replica")
         if kind == "armed" and isinstance(e.get("target"), int):
-            target = e["target"]
-            if target in self.held:
-                return e, self.held.pop(target)
-            self.armed[target] = e
-        elif kind == "checkpoint" and e.get("replica") is not None:
-            replica = e["replica"]
-            if e.get("state") == "started" and e.get("held"):
-                if replica in self.armed:
-                    return self.armed.pop(replica), e
-                self.held[replica] = e
-            elif e.get("durable"):
-                self.held.pop(replica, None)
+            key = (e.get("trigger") or "checkpoint", e["target"])
+            if key in self.held:
+                return e, self.held.pop(key)
+            self.armed[key] = e
+            return None
+        if replica is None:
+            return None
+        if kind == "checkpoint":
+            key, holds, released = ("checkpoint", replica), e.get("state") == "started" and e.get("held"), e.get("durable")
+        elif kind == "held":
+            key, holds, released = (e.get("trigger"), replica), not e.get("released"), e.get("released")
+        else:
+            return None
+        if holds:
+            if key in self.armed:
+                return self.armed.pop(key), e
+            self.held[key] = e
+        elif released:
+            self.held.pop(key, None)
         return None

@@ -392,14 +392,15 @@ class Controller:
         """Armed faults whose trigger came (``workbench.armed``): inject them now, then disarm."""
         while self.due_triggers:
             arm, trigger = self.due_triggers.pop(0)
+            on = arm.get("trigger") or "checkpoint"
             try:
                 faults.inject(self, arm["action"], arm["target"], origin=arm.get("origin") or "schedule",
-                              writer=self.writer, fire=True, checkpoint_step=trigger.get("step"),
-                              armed_t=arm.get("t"))
+                              writer=self.writer, fire=True, armed_t=arm.get("t"),
+                              **{f"{on}_step": trigger.get("step")})
             except faults.FaultError as e:
                 self.writer.emit("warning", message=f"armed {arm['action']} not injected: {e}")
             finally:
-                armed.disarm(self.run_dir, arm.get("trigger") or "checkpoint", arm["target"])
+                armed.disarm(self.run_dir, on, arm["target"])
 
     def hang_timeout_s(self) -> float:
         h = self.spec.hang

@@ -55,6 +55,7 @@ KINDS = (
     "checkpoint",
     "fault",
     "armed",
+    "held",
     "restart",
     "requeue",
     "hang",

@@ -27,14 +27,17 @@ is one row here and nothing else.
 | ``kill_store_host`` | replica | SIGKILL to the process hosting the group's rendezvous store | relaunch |
 | ``kill_rank0`` | replica | SIGKILL to the group's rank 0 | relaunch |
 | ``kill_during_checkpoint`` | replica | armed; SIGKILL once the checkpoint writer starts a save | relaunch |
+| ``kill_in_allreduce`` | replica | armed; SIGKILL while its peers wait for it inside an all-reduce | relaunch |
 
 Single points. ``process`` names which process of the target a kind hits, as
 a field of the trainer's row (``trainers/registry.py``: ``store_host``,
-``rank0``, ``checkpoint_writer``); a trainer whose field is None has no such
+``rank0``, ``checkpoint_writer``, ``collective_rank``); a trainer whose field is None has no such
 process, and the kind does not apply to it (:meth:`FaultKind.supported_by`).
 A kind with a ``trigger`` is not injected when asked: it is *armed*
 (``workbench.armed``) and the run controller injects it when the trigger
-event arrives (``"checkpoint"``: the writer's ``checkpoint state=started``).
+event arrives (``"checkpoint"``: the writer's ``checkpoint state=started``;
+``"allreduce"``: the group's ``held`` event, as it is about to join an all-reduce
+its peers have already entered).
 
 A fault is recorded as one ``fault`` event (``action`` = the kind's name);
 The machine-level kinds (``host`` set: cgroups, links, qdiscs) are done by
@@ -132,6 +135,9 @@ KINDS: dict[str, FaultKind] = {k.name: k for k in (
     FaultKind("kill_during_checkpoint", "replica", True, False, False,
               "armed: SIGKILL to the checkpoint writer once it starts a save",
               signal=_signal.SIGKILL, state_after="dead", process="checkpoint_writer", trigger="checkpoint"),
+    FaultKind("kill_in_allreduce", "replica", True, False, False,
+              "armed: SIGKILL to the group as it is about to join an all-reduce, its peers already inside",
+              signal=_signal.SIGKILL, state_after="dead", process="collective_rank", trigger="allreduce"),
 )}
 
 

@@ -59,10 +59,17 @@ class TorchftSpec(_Section):
     """Timeouts of each replica group's torchft Manager and process group.
 
     ``pg_timeout_ms`` bounds how long a survivor's collective can wait on a dead
-    peer. A killed peer's socket usually resets at once, but a survivor waiting
-    on a peer that itself aborted only learns from this timeout (measured: 2.0 s
-    stall with a 2 s timeout). It defaults to the lighthouse heartbeat timeout,
-    which bounds the stall anyway: the new quorum cannot form sooner.
+    peer. A killed peer's socket resets at once, but only for its ring
+    neighbours; a survivor waiting on a peer that itself failed only learns from
+    this timeout (measured: 2.0 s stall with a 2 s timeout), unless that peer
+    drops its failed process group (``drop_failed_pg``). It defaults to the
+    lighthouse heartbeat timeout, which bounds the stall anyway: the new quorum
+    cannot form sooner.
+
+    ``drop_failed_pg`` (torchft-lite): a group whose collective failed destroys
+    its process group at once, which fails the collective for the groups still
+    waiting in it, instead of keeping it until the next quorum
+    (``trainers/collective_failure.py``). False: torchft as it is.
 
     ``tokio_worker_threads`` (torchft-lite): worker threads of each tokio runtime torchft's
     Manager starts in a group (its manager server and its client), through tokio's own
@@ -84,6 +91,7 @@ class TorchftSpec(_Section):
     heartbeat_interval_ms: int = Field(100, ge=10, le=10_000)
     tokio_worker_threads: Optional[int] = Field(1, ge=1, le=1024)
     local_commit_vote: bool = True  # torchft-lite: the one-rank group's vote in process (trainers/commit_vote.py)
+    drop_failed_pg: bool = True  # torchft-lite: destroy a failed process group at once (trainers/collective_failure.py)
     use_async_quorum: bool = True
     structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
     step_timing: bool = False  # torchft-lite: per-phase seconds (t_<phase>_s) in each step event (bench/stepcost.py)

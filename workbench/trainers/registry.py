@@ -43,7 +43,9 @@ class TrainerKind:
     such process and the kind does not apply): ``store_host`` hosts the
     group's rendezvous TCPStore, ``rank0`` is its rank 0, ``checkpoint_writer``
     writes its checkpoints and emits ``checkpoint`` with ``state="started"``
-    before each write (``held=True`` when it holds the save for an armed fault). ``"group"``: the group's own recorded process;
+    before each write (``held=True`` when it holds the save for an armed fault),
+    ``collective_rank`` joins the group's all-reduces and, for an armed
+    ``kill_in_allreduce``, holds before its next one (``held`` event). ``"group"``: the group's own recorded process;
     ``"replica0"``: the process recorded as replica 0 (the rank 0 of a one-job
     trainer); ``"child_rank0"``: the group's child with ``RANK=0``.
 
@@ -65,6 +67,7 @@ class TrainerKind:
     store_host: Optional[str] = None
     rank0: Optional[str] = None
     checkpoint_writer: Optional[str] = None
+    collective_rank: Optional[str] = None
     algorithms: tuple[str, ...] = ("ddp",)
 
     def samples_per_step(self, spec) -> int:
@@ -88,7 +91,8 @@ KINDS: tuple[TrainerKind, ...] = (
     TrainerKind(
         "torchft-lite", "workbench.trainers.torchft_lite", elastic=True,
         sections=("model", "torchft", "lighthouse"), supports_spares=True, batch_from_model=True, slurm_tasks=1,
-        store_host="group", rank0="group", algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
+        store_host="group", rank0="group", collective_rank="group",
+        algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
     ),
     TrainerKind(
         "titan", "workbench.trainers.titan", elastic=True,

@@ -51,7 +51,7 @@ def run(ctx: JobContext) -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from . import commit_vote, quorum_epochs, semi_sync
+    from . import collective_failure, commit_vote, quorum_epochs, semi_sync
     from .torchft_logs import TorchftLogHandler
 
     loopback.install(host)
@@ -163,6 +163,9 @@ def run(ctx: JobContext) -> None:
         use_async_quorum=tf["use_async_quorum"] and algorithm not in ("diloco", "streaming_diloco"),
     )
     quorum_epochs.install(manager, ctx.run_dir)
+    if tf.get("drop_failed_pg", True):
+        collective_failure.drop_on_error(manager)
+    collective_failure.hold_when_armed(pg, ctx.run_dir, ctx.replica, writer, manager.current_step)
     if tf.get("local_commit_vote", True):
         commit_vote.install(manager, world_size=1)
     phases = _install_timing(manager, inner_opt) if tf.get("step_timing") and algorithm == "ddp" else None
