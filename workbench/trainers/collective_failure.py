@@ -22,6 +22,14 @@ reference). The round is voted down as before; the lighthouse gives the next
 quorum a new id (a member reports commit failures), so each Manager builds a
 new process group there, as it would have anyway.
 
+Measured in the workbench (``tests/test_algorithms.py``, 4 DiLoCo groups,
+``pg_timeout_ms`` 20 s, a ``kill_in_allreduce``): the group opposite the
+victim left the round 0.10 s after the kill, against 19.98 s with the process
+group kept. At 16 groups on two busy cores the failure goes round the ring a
+hop at a time, about 0.6 s a hop, since each group must be scheduled and
+destroy its process group (0.2-0.6 s) before its sockets close: the last of
+15 failed 4.9 s after the kill (docs/classroom.md).
+
 A process group cannot be destroyed on one of its own threads (its destructor
 joins them): an error reported from gloo's thread (a future's callback) is
 dropped from a new thread, if the failed group is still the current one.
