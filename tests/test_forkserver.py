@@ -138,7 +138,9 @@ def test_the_server_refuses_to_fork_with_a_thread_or_a_listener():
 def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(start_run):
     # 3: neither tokio's default (a worker per core) nor the workbench's (1), so the check below can only
     # pass if the setting reached the runtimes the Manager started in each forked group.
-    run = start_run("demo", {"faults": [], "steps": 100000, "model.step_delay_s": 0.01, "torchft.tokio_worker_threads": 3})
+    # rust_log=info: not the default (warn), read by torchft when the server imported it, before the fork.
+    run = start_run("demo", {"faults": [], "steps": 100000, "model.step_delay_s": 0.01, "torchft.tokio_worker_threads": 3,
+                             "torchft.rust_log": "info"})
     run.wait_for_step(20, timeout=120)
     server = next(p for p in psutil.Process(run._controller.pid).children()
                   if "workbench.cluster.forkserver" in " ".join(p.cmdline()))
@@ -163,6 +165,9 @@ def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(s
     for pid in (starts[(0, 0)]["pid"], again["pid"]):
         names = [Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{pid}/task")]
         assert (names.count("torchft-manager"), names.count("torchft-mgrclnt")) == (3, 3), sorted(names)
+        # torchft.rust_log: the Rust side of a forked group logs each quorum at info.
+        assert "[INFO] [torchft::manager]" in (run.run_dir / "jobs" / str(pid) / f"{pid}_0_log.err").read_text()
+    assert "[INFO] [torchft::lighthouse]" in (run.run_dir / "lighthouse" / "lighthouse.log").read_text()
 
     # The killed child is reaped (no zombie), and the relaunched one healed from a live peer.
     wait_until(lambda: reaped(fault["pid"]), 10, "the killed child to be reaped")

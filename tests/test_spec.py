@@ -31,6 +31,7 @@ from .conftest import REPO
         (["slurm.sbatch_args={constraint: \"h100\\nrm -rf ~\"}"], "slurm.sbatch_args", "control character"),
         (["slurm.sbatch_args={\"a b\": c}"], "slurm.sbatch_args", "an sbatch option name"),
         (["lighthouse.bind_host=0.0.0.0"], "lighthouse.bind_host", "not a loopback address"),
+        (["torchft.rust_log=verbose"], "torchft.rust_log", "'error', 'warn', 'info', 'debug' or 'trace'"),
         (["maxtext=" + "[" * 3000 + "]" * 3000], "maxtext", "nested too deeply"),
         (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "allowed: kill, abort, hang, preempt"),
         (["faults=[{action: node_down, at_step: 3}]"], "faults[0].action", "not a fault on cluster local; allowed: kill, abort, hang, preempt, straggler, freeze, lighthouse_kill"),

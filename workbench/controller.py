@@ -68,6 +68,8 @@ class Controller:
         record = rundir.read_record(self.run_dir)
         self.run_id = self.id = record["run_id"]
         self.spec = Spec.model_validate(record["spec"])
+        # Inherited by every process the run starts (lighthouse, fork server, submitit's and Slurm's jobs).
+        os.environ["RUST_LOG"] = self.spec.torchft.rust_log
         self.writer = EventWriter(self.run_dir, "controller", run=self.run_id)
         self.health, self.health_at = nodehealth.Sampler(), 0.0
         self.reader = EventReader(self.run_dir)

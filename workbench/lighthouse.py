@@ -72,7 +72,7 @@ class Lighthouse:
         """Start the process; returns at once."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / "lighthouse.log", "ab")
-        env = {**os.environ, "RUST_LOG": os.environ.get("RUST_LOG", "info")}
+        env = {**os.environ, "RUST_LOG": self.spec.torchft.rust_log}
         self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
         log.close()
         self.starts += 1
