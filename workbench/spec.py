@@ -71,6 +71,11 @@ class TorchftSpec(_Section):
     waiting in it, instead of keeping it until the next quorum
     (``trainers/collective_failure.py``). False: torchft as it is.
 
+    ``pg_timeout_only`` (torchft-lite): a collective's one timeout is its process group's.
+    torchft's Manager also arms a timer of ``timeout_s`` on every collective's future, on a
+    thread it wakes twice a step; where that timer is the longer one it cannot fire first, and
+    it is skipped (``trainers/collective_failure.py``). False: torchft's timer on every future.
+
     ``tokio_worker_threads`` (torchft-lite): worker threads of each tokio runtime torchft's
     Manager starts in a group (its manager server and its client), through tokio's own
     ``TOKIO_WORKER_THREADS``. Tokio's default is one per core: on this 2-core machine that is
@@ -100,6 +105,7 @@ class TorchftSpec(_Section):
     tokio_worker_threads: Optional[int] = Field(1, ge=1, le=1024)
     local_commit_vote: bool = True  # torchft-lite: the one-rank group's vote in process (trainers/commit_vote.py)
     drop_failed_pg: bool = True  # torchft-lite: destroy a failed process group at once (trainers/collective_failure.py)
+    pg_timeout_only: bool = True  # torchft-lite: no Manager timer on a collective the process group times out first
     use_async_quorum: bool = True
     rust_log: Literal["error", "warn", "info", "debug", "trace"] = "warn"
     structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log

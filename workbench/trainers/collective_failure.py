@@ -1,4 +1,4 @@
-"""A collective across groups that fails: drop its process group at once; and the armed hold before one.
+"""A collective across groups that fails: drop its process group at once; one timeout; the armed hold before one.
 
 Dropping the failed process group (:func:`drop_on_error`)
 ---------------------------------------------------------
@@ -34,6 +34,21 @@ A process group cannot be destroyed on one of its own threads (its destructor
 joins them): an error reported from gloo's thread (a future's callback) is
 dropped from a new thread, if the failed group is still the current one.
 
+One timeout per collective (:func:`pg_timeout_only`)
+----------------------------------------------------
+A collective that never completes is failed by its process group's own
+timeout (``torchft.pg_timeout_ms``; gloo fails the work, torchft's Manager
+reports the error). torchft's ``Manager.wrap_future`` also arms a second
+timer, of the Manager's ``timeout`` (``torchft.timeout_s``), on every
+collective's future: a call onto its TimeoutManager's event-loop thread to
+arm it, and another from the future's callback to cancel it, so that thread
+wakes twice a step and takes the GIL each time. When that timer is the
+longer of the two it cannot fire first, and :func:`pg_timeout_only` skips
+it; a shorter one is kept. Measured, 3 groups fault-free, 15 s windows, 5
+interleaved pairs (load 0.8-2.7): CPU per group-step 0.22 ms lower (median;
+-0.35, -0.22, -0.15, +1.39, -0.56 ms of about 10.8), and the thread's own
+0.08-0.09 ms a step gone.
+
 The armed hold (:func:`hold_when_armed`)
 ----------------------------------------
 ``kill_in_allreduce`` (``workbench.armed``) must land while the peers wait
@@ -46,6 +61,7 @@ it; the controller's SIGKILL comes while they do.
 from __future__ import annotations
 
 import threading
+from datetime import timedelta
 
 from .. import armed
 
@@ -73,6 +89,19 @@ def drop_on_error(manager) -> None:
             drop()
 
     manager.report_error = report_and_drop
+
+
+def pg_timeout_only(pg_timeout: timedelta) -> None:
+    """In this process, torchft's Manager arms no timer of its own on a collective's future when the
+    process group's ``pg_timeout`` fails the collective first (see the module docstring)."""
+    import torchft.manager
+
+    armed_timer = torchft.manager.future_timeout
+
+    def future_timeout(fut, timeout: timedelta):
+        return fut if timeout >= pg_timeout else armed_timer(fut, timeout)
+
+    torchft.manager.future_timeout = future_timeout
 
 
 def hold_when_armed(pg, run_dir, replica: int, writer, manager_step) -> None:

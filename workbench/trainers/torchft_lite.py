@@ -165,6 +165,8 @@ def run(ctx: JobContext) -> None:
     quorum_epochs.install(manager, ctx.run_dir)
     if tf.get("drop_failed_pg", True):
         collective_failure.drop_on_error(manager)
+    if tf.get("pg_timeout_only", True):
+        collective_failure.pg_timeout_only(timedelta(milliseconds=_pg_timeout_ms(spec)))
     collective_failure.hold_when_armed(pg, ctx.run_dir, ctx.replica, writer, manager.current_step)
     if tf.get("local_commit_vote", True):
         commit_vote.install(manager, world_size=1)

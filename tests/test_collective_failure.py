@@ -1,0 +1,35 @@
+"""The one-timeout rule for a collective (``workbench.trainers.collective_failure.pg_timeout_only``), with
+torchft's own ``future_timeout`` and torch futures, in a fresh interpreter (torchft's timer thread stays there)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+SCRIPT = """
+from datetime import timedelta
+import torch, torchft.manager
+from workbench.trainers import collective_failure
+
+collective_failure.pg_timeout_only(timedelta(seconds=1))
+longer = torch.futures.Future()
+print("longer", torchft.manager.future_timeout(longer, timedelta(seconds=30)) is longer)
+shorter = torch.futures.Future()
+timed = torchft.manager.future_timeout(shorter, timedelta(milliseconds=200))
+print("shorter", timed is shorter)
+try:
+    timed.wait()
+except Exception as e:
+    print("failed", type(e).__name__, str(e).splitlines()[0])
+"""
+
+
+def test_torchft_arms_no_timer_on_a_collective_its_process_group_times_out_first():
+    out = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    lines = out.stdout.splitlines()
+    # The Manager's 30 s against a 1 s process group: the future is passed through, no timer is armed.
+    assert lines[0] == "longer True"
+    # A Manager timeout shorter than the process group's is torchft's timer as before: it fails the future.
+    assert lines[1] == "shorter False"
+    assert lines[2].startswith("failed TimeoutError") and "did not complete within 0:00:00.200000" in lines[2], lines
