@@ -20,6 +20,9 @@ window after its first step:
   (``trainers/commit_vote.py``), paired with torchft-lite like DDP is.
 - ``torchft.tokio_worker_threads: null``: tokio's default of one worker per core in each of the
   Manager's runtimes, against the workbench's 1 (``spec.TorchftSpec`` says why).
+- ``torchft.pg_timeout_only: false``: torchft's own timer on every collective's future (armed and
+  cancelled on its TimeoutManager's thread), against the workbench's process-group timeout alone
+  (``trainers/collective_failure.py``).
 - ``torchft.rust_log: info``: torchft's default Rust log level (four lines a quorum in each group, seven
   in the lighthouse), against the workbench's ``warn``.
 
@@ -52,6 +55,7 @@ BARE = Variant("torchft-lite bare", {"trainer": "torchft-lite", "write_events": 
 RPC_VOTE = Variant("torchft-lite commit vote over RPC", {"trainer": "torchft-lite", "torchft.local_commit_vote": False})
 TOKIO_DEFAULT = Variant("torchft-lite tokio workers per core",
                        {"trainer": "torchft-lite", "torchft.tokio_worker_threads": None})
+FUTURE_TIMERS = Variant("torchft-lite future timers", {"trainer": "torchft-lite", "torchft.pg_timeout_only": False})
 RUST_INFO = Variant("torchft-lite rust_log=info", {"trainer": "torchft-lite", "torchft.rust_log": "info"})
 OVERHEAD_LIMIT = 0.05  # the target: torchft-lite's samples/s at most 5 % below plain DDP's (paired median)
 PHASES = ("zero_grad", "forward", "backward", "allreduce", "quorum_wait", "optimizer_step", "commit_vote",
@@ -69,7 +73,7 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: in
     804 samples/s between runs at 1,057 and 1,164), so the median over 5 pairs moved from 8.9 to 5.5 %
     between two full runs and was -2.4 % in a third session of the same code."""
     base = plain_ddp()
-    records = interleaved([base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT, RUST_INFO], reps, window_s, root, log,
+    records = interleaved([base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT, FUTURE_TIMERS, RUST_INFO], reps, window_s, root, log,
                           alternate=True)
     if pair_reps:
         records += interleaved([base, TORCHFT], pair_reps, window_s, root, log, alternate=True)
@@ -101,12 +105,13 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: in
 
     out = {"reps": reps, "pair_reps": pair_reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
            "timed_steps": len(timed)}
-    for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, RPC_VOTE.name, TOKIO_DEFAULT.name, RUST_INFO.name):
+    for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, RPC_VOTE.name, TOKIO_DEFAULT.name, FUTURE_TIMERS.name, RUST_INFO.name):
         out[v] = {"rate": med(v, "heartbeat_rate"), "step_s": med(v, "median_step_time_s"),
                   "cpu_ms_per_step": med(v, "cpu_ms_per_step")}
     out["paired"] = paired(runs, base.name, TORCHFT.name)
     out["paired_tokio"] = paired(runs, TOKIO_DEFAULT.name, TORCHFT.name)
     out["paired_vote"] = paired(runs, RPC_VOTE.name, TORCHFT.name)
+    out["paired_future_timers"] = paired(runs, FUTURE_TIMERS.name, TORCHFT.name)
     out["paired_rust_log"] = paired(runs, RUST_INFO.name, TORCHFT.name)
     return out
 
@@ -191,6 +196,9 @@ def lines(sc: dict) -> list[str]:
         f"- tokio's default of a worker per core in each of the Manager's runtimes (`torchft.tokio_worker_threads: null`) "
         f"vs plain DDP: samples/s {_f(_pct(slower(base, sc.get(TOKIO_DEFAULT.name))))} % lower; the workbench's 1 worker"
         + _paired_with(sc.get("paired_tokio")),
+        f"- torchft's timer on every collective's future (`torchft.pg_timeout_only: false`) vs plain DDP: samples/s "
+        f"{_f(_pct(slower(base, sc.get(FUTURE_TIMERS.name))))} % lower; the process group's timeout alone"
+        + _paired_with(sc.get("paired_future_timers"), cpu=True),
         f"- torchft's default Rust log level (`torchft.rust_log: info`) vs plain DDP: samples/s "
         f"{_f(_pct(slower(base, sc.get(RUST_INFO.name))))} % lower; the workbench's `warn`"
         + _paired_with(sc.get("paired_rust_log"), cpu=True),
