@@ -92,9 +92,11 @@ class TorchftSpec(_Section):
     ``torchft`` is imported) in the run's lighthouse and in every process of every group.
     At torchft's default, ``info``, each quorum is four lines on a group's stderr, one of
     them the whole quorum (1.6 KB a step per group, measured), and seven in the lighthouse's
-    log (2.4 MB in 20 s with 3 groups): formatted and written on the tokio threads while the
-    step waits on that quorum. ``warn`` keeps torchft's warnings and errors; what the info
-    lines said is in the event log (``quorum``, ``commit``, ``heal`` events).
+    log (2.4 MB in 20 s with 3 groups), formatted and written on the tokio threads that carry
+    the quorum. Measured, 3 groups: the lighthouse's CPU per group-step 0.14 ms at ``warn``
+    against 0.23-0.26 ms at ``info``, the groups' manager runtimes 0.24 against 0.30-0.34 ms.
+    ``warn`` keeps torchft's warnings and errors; what the info lines said is in the event log
+    (``quorum``, ``commit``, ``heal`` events, with ``structured_logs``).
     """
 
     pg_timeout_ms: Optional[int] = Field(None, ge=100, le=3_600_000)
