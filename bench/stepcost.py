@@ -73,8 +73,8 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: in
     804 samples/s between runs at 1,057 and 1,164), so the median over 5 pairs moved from 8.9 to 5.5 %
     between two full runs and was -2.4 % in a third session of the same code."""
     base = plain_ddp()
-    records = interleaved([base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT, FUTURE_TIMERS, RUST_INFO], reps, window_s, root, log,
-                          alternate=True)
+    variants = [base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT, FUTURE_TIMERS, RUST_INFO]
+    records = interleaved(variants, reps, window_s, root, log, alternate=True)
     if pair_reps:
         records += interleaved([base, TORCHFT], pair_reps, window_s, root, log, alternate=True)
     runs = []
@@ -105,9 +105,9 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: in
 
     out = {"reps": reps, "pair_reps": pair_reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
            "timed_steps": len(timed)}
-    for v in (base.name, TORCHFT.name, TIMED.name, BARE.name, RPC_VOTE.name, TOKIO_DEFAULT.name, FUTURE_TIMERS.name, RUST_INFO.name):
-        out[v] = {"rate": med(v, "heartbeat_rate"), "step_s": med(v, "median_step_time_s"),
-                  "cpu_ms_per_step": med(v, "cpu_ms_per_step")}
+    for v in variants:
+        out[v.name] = {"rate": med(v.name, "heartbeat_rate"), "step_s": med(v.name, "median_step_time_s"),
+                       "cpu_ms_per_step": med(v.name, "cpu_ms_per_step")}
     out["paired"] = paired(runs, base.name, TORCHFT.name)
     out["paired_tokio"] = paired(runs, TOKIO_DEFAULT.name, TORCHFT.name)
     out["paired_vote"] = paired(runs, RPC_VOTE.name, TORCHFT.name)

@@ -10,7 +10,6 @@ replicas' Managers keep retrying (``TORCHFT_QUORUM_RETRIES``) and reconnect.
 
 from __future__ import annotations
 
-import os
 import shutil
 import socket
 import subprocess
@@ -72,8 +71,7 @@ class Lighthouse:
         """Start the process; returns at once."""
         self.log_dir.mkdir(parents=True, exist_ok=True)
         log = open(self.log_dir / "lighthouse.log", "ab")
-        env = {**os.environ, "RUST_LOG": self.spec.torchft.rust_log}
-        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=env)
+        self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT)  # RUST_LOG: the controller's
         log.close()
         self.starts += 1
 

@@ -111,7 +111,8 @@ def run(ctx: JobContext) -> None:
 
     timeout = timedelta(seconds=tf["timeout_s"])
     store = loopback.loopback_store()
-    pg = loopback.loopback_process_group_gloo()(timeout=timedelta(milliseconds=_pg_timeout_ms(spec)))
+    pg_timeout = timedelta(milliseconds=_pg_timeout_ms(spec))
+    pg = loopback.loopback_process_group_gloo()(timeout=pg_timeout)
     if tf.get("checkpoint_transport", "pg") == "pg":
         init_adamw_state(inner_opt)  # the heal receives into it in place; AdamW would create the same zeros lazily
         transport = _pg_transport(pg, timeout, heal_stats, f"pg://{host}/replica_{ctx.replica}",
@@ -166,7 +167,7 @@ def run(ctx: JobContext) -> None:
     if tf.get("drop_failed_pg", True):
         collective_failure.drop_on_error(manager)
     if tf.get("pg_timeout_only", True):
-        collective_failure.pg_timeout_only(timedelta(milliseconds=_pg_timeout_ms(spec)))
+        collective_failure.pg_timeout_only(pg_timeout)
     collective_failure.hold_when_armed(pg, ctx.run_dir, ctx.replica, writer, manager.current_step)
     if tf.get("local_commit_vote", True):
         commit_vote.install(manager, world_size=1)
