@@ -25,6 +25,8 @@ window after its first step:
   (``trainers/collective_failure.py``).
 - ``torchft.rust_log: info``: torchft's default Rust log level (four lines a quorum in each group, seven
   in the lighthouse), against the workbench's ``warn``.
+- ``torchft.lean_ddp_hook: false``: torchft's DDP gradient hook and its future chain, against the
+  workbench's hook that waits the same way without it (``trainers/ddp_hook.py``).
 
 Rates come from heartbeats (every variant writes them), so that the bare run is measured the same
 way; ``step_time_s`` (zero_grad → optimizer step, the same span in both trainers) where step events exist.
@@ -57,6 +59,7 @@ TOKIO_DEFAULT = Variant("torchft-lite tokio workers per core",
                        {"trainer": "torchft-lite", "torchft.tokio_worker_threads": None})
 FUTURE_TIMERS = Variant("torchft-lite future timers", {"trainer": "torchft-lite", "torchft.pg_timeout_only": False})
 RUST_INFO = Variant("torchft-lite rust_log=info", {"trainer": "torchft-lite", "torchft.rust_log": "info"})
+TORCHFT_HOOK = Variant("torchft-lite torchft's DDP hook", {"trainer": "torchft-lite", "torchft.lean_ddp_hook": False})
 OVERHEAD_LIMIT = 0.05  # the target: torchft-lite's samples/s at most 5 % below plain DDP's (paired median)
 PHASES = ("zero_grad", "forward", "backward", "allreduce", "quorum_wait", "optimizer_step", "commit_vote",
           "inner_step", "quorum_rtt", "workbench")
@@ -73,7 +76,7 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: in
     804 samples/s between runs at 1,057 and 1,164), so the median over 5 pairs moved from 8.9 to 5.5 %
     between two full runs and was -2.4 % in a third session of the same code."""
     base = plain_ddp()
-    variants = [base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT, FUTURE_TIMERS, RUST_INFO]
+    variants = [base, TORCHFT, TIMED, BARE, RPC_VOTE, TOKIO_DEFAULT, FUTURE_TIMERS, RUST_INFO, TORCHFT_HOOK]
     records = interleaved(variants, reps, window_s, root, log, alternate=True)
     if pair_reps:
         records += interleaved([base, TORCHFT], pair_reps, window_s, root, log, alternate=True)
@@ -113,6 +116,7 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: in
     out["paired_vote"] = paired(runs, RPC_VOTE.name, TORCHFT.name)
     out["paired_future_timers"] = paired(runs, FUTURE_TIMERS.name, TORCHFT.name)
     out["paired_rust_log"] = paired(runs, RUST_INFO.name, TORCHFT.name)
+    out["paired_ddp_hook"] = paired(runs, TORCHFT_HOOK.name, TORCHFT.name)
     return out
 
 
@@ -202,6 +206,9 @@ def lines(sc: dict) -> list[str]:
         f"- torchft's default Rust log level (`torchft.rust_log: info`) vs plain DDP: samples/s "
         f"{_f(_pct(slower(base, sc.get(RUST_INFO.name))))} % lower; the workbench's `warn`"
         + _paired_with(sc.get("paired_rust_log"), cpu=True),
+        f"- torchft's DDP gradient hook (`torchft.lean_ddp_hook: false`) vs plain DDP: samples/s "
+        f"{_f(_pct(slower(base, sc.get(TORCHFT_HOOK.name))))} % lower; the workbench's hook"
+        + _paired_with(sc.get("paired_ddp_hook"), cpu=True),
         "",
     ]
     if sc["phases"]:

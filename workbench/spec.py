@@ -88,6 +88,11 @@ class TorchftSpec(_Section):
     a gRPC round trip to the group's own ManagerServer, is answered in process with the
     same result (``trainers/commit_vote.py``). False: torchft's round trip.
 
+    ``lean_ddp_hook`` (torchft-lite): torchft's DDP gradient hook waits for the all-reduce
+    inside the hook; the workbench's does the same with the same outcomes, without the lazy
+    future chain torchft builds and runs on the finished result (``trainers/ddp_hook.py``).
+    False: torchft's hook.
+
     ``rust_log``: the level of torchft's Rust logging (its ``RUST_LOG``, read once when
     ``torchft`` is imported) in the run's lighthouse and in every process of every group.
     At torchft's default, ``info``, each quorum is four lines on a group's stderr, one of
@@ -106,6 +111,7 @@ class TorchftSpec(_Section):
     heartbeat_interval_ms: int = Field(100, ge=10, le=10_000)
     tokio_worker_threads: Optional[int] = Field(1, ge=1, le=1024)
     local_commit_vote: bool = True  # torchft-lite: the one-rank group's vote in process (trainers/commit_vote.py)
+    lean_ddp_hook: bool = True  # torchft-lite: the gradient hook without torchft's future chain (trainers/ddp_hook.py)
     drop_failed_pg: bool = True  # torchft-lite: destroy a failed process group at once (trainers/collective_failure.py)
     pg_timeout_only: bool = True  # torchft-lite: no Manager timer on a collective the process group times out first
     use_async_quorum: bool = True

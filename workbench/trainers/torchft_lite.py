@@ -12,7 +12,8 @@ Each step:
    torchft's HTTP transport). A new process waits for its first quorum before
    its first forward pass, so that heal has the CPU (bench/heal.py).
 2. forward/backward; torchft's DDP all-reduces gradients over the current
-   quorum's gloo process group (a healing group contributes zeros).
+   quorum's gloo process group (a healing group contributes zeros), waited on in
+   the gradient hook as torchft does, without its future chain (:mod:`.ddp_hook`).
 3. ``should_commit()``: the step counts only if the group's all-reduce
    succeeded. If a peer died mid-step the survivors' all-reduce fails, they
    discard the step (it is recorded with ``committed=False``) and go on. The
@@ -51,7 +52,7 @@ def run(ctx: JobContext) -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from . import collective_failure, commit_vote, quorum_epochs, semi_sync
+    from . import collective_failure, commit_vote, ddp_hook, quorum_epochs, semi_sync
     from .torchft_logs import TorchftLogHandler
 
     loopback.install(host)
@@ -173,7 +174,8 @@ def run(ctx: JobContext) -> None:
         commit_vote.install(manager, world_size=1)
     phases = _install_timing(manager, inner_opt) if tf.get("step_timing") and algorithm == "ddp" else None
     if algorithm == "ddp":
-        ddp = (_timed_ddp(DistributedDataParallel, phases) if phases else DistributedDataParallel)(manager, model)
+        ddp_class = ddp_hook.lean_ddp(DistributedDataParallel, pg) if tf.get("lean_ddp_hook", True) else DistributedDataParallel
+        ddp = (_timed_ddp(ddp_class, phases) if phases else ddp_class)(manager, model)
         optimizer = Optimizer(manager, inner_opt)
     writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)
 

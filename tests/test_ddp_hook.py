@@ -1,0 +1,102 @@
+"""The workbench's DDP gradient hook gives the gradients torchft's own hook gives.
+
+``trainers/ddp_hook.py`` replaces the future chain of torchft's hook for torchft-lite. Two replica
+groups (two real torchft Managers with their real lighthouse and gloo process groups, one thread
+each, in a fresh interpreter) train two copies of the decoder on the same batches, one copy through
+torchft's ``DistributedDataParallel`` and one through the workbench's, in the same steps and
+quorums. After every step the two copies' gradients must be the same, and differ from what the group
+computed alone (they are the average over both groups' batches). The hook's other outcomes run in
+the end-to-end tests, where it is the default: a failed all-reduce in the kill tests
+(``test_e2e_local``: the survivors' step is not committed and they go on), a healing group's zeros
+in the heal tests.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+SCRIPT = r"""
+import json, os, threading
+from datetime import timedelta
+import torch
+from torchft import DistributedDataParallel, Manager, Optimizer
+from torchft._torchft import LighthouseServer
+from workbench.trainers import loopback
+from workbench.trainers.ddp_hook import lean_ddp
+from workbench.trainers.tiny_decoder import build_model, make_batch
+
+torch.set_num_threads(1)
+loopback.install("127.0.0.1")
+M = dict(vocab_size=64, dim=32, layers=1, heads=2, seq_len=8, batch_size=4, lr=1e-2)
+STEPS = 4
+lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000)
+out, errors = {}, []
+
+def group(i):
+    try:
+        torch.manual_seed(0)
+        theirs, ours = build_model(M), build_model(M)
+        ours.load_state_dict(theirs.state_dict())
+        alone = build_model(M)
+        alone.load_state_dict(theirs.state_dict())
+        store = loopback.loopback_store()
+        pg = loopback.loopback_process_group_gloo()(timeout=timedelta(seconds=10))
+        manager = Manager(
+            pg=pg, min_replica_size=2, load_state_dict=lambda sd: None, state_dict=lambda: {},
+            replica_id=f"replica_{i}", store_addr="127.0.0.1", store_port=store.port, hostname="127.0.0.1",
+            rank=0, world_size=1, lighthouse_addr=lighthouse.address(), timeout=timedelta(seconds=20),
+            use_async_quorum=False,
+        )
+        ddp_theirs = DistributedDataParallel(manager, theirs)
+        ddp_ours = lean_ddp(DistributedDataParallel, pg)(manager, ours)
+        opt = Optimizer(manager, torch.optim.SGD(list(theirs.parameters()) + list(ours.parameters()), lr=M["lr"]))
+        rows = []
+        for step in range(STEPS):
+            opt.zero_grad()
+            alone.zero_grad()
+            x, y = make_batch(1, step, i, M["batch_size"], M["seq_len"], M["vocab_size"])
+            for model in (ddp_theirs, ddp_ours, alone):
+                torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
+            diff = max((a.grad - b.grad).abs().max().item() for a, b in zip(theirs.parameters(), ours.parameters()))
+            from_alone = max((a.grad - b.grad).abs().max().item() for a, b in zip(theirs.parameters(), alone.parameters()))
+            participants = manager.num_participants()
+            opt.step()
+            committed = manager.current_step() == step + 1
+            with torch.no_grad():
+                for a, b in zip(theirs.parameters(), alone.parameters()):
+                    b.copy_(a)
+            rows.append(dict(diff=diff, from_alone=from_alone, participants=participants, committed=committed))
+        out[i] = rows
+        manager.shutdown(wait=False)
+    except Exception as e:
+        errors.append(f"group {i}: {type(e).__name__}: {e}")
+
+threads = [threading.Thread(target=group, args=(i,)) for i in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join(120)
+print(json.dumps({"out": out, "errors": errors, "alive": [t.is_alive() for t in threads]}))
+lighthouse.shutdown()
+os._exit(0)
+"""
+
+
+def test_workbench_hook_gives_torchfts_gradients_for_two_groups():
+    env = {**os.environ, "RUST_LOG": "warn"}
+    proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert result["errors"] == [] and result["alive"] == [False, False], result
+    for i in ("0", "1"):
+        rows = result["out"][i]
+        assert len(rows) == 4
+        for row in rows:
+            assert row["participants"] == 2 and row["committed"], row
+            # float32 sums of the same two buckets in the same order: equal to the last bit
+            assert row["diff"] == 0.0, row
+            # and averaged with the other group's batch, not this group's gradients alone
+            assert row["from_alone"] > 1e-4, row
