@@ -1,14 +1,14 @@
 """The workbench's DDP gradient hook gives the gradients torchft's own hook gives.
 
-``trainers/ddp_hook.py`` replaces the future chain of torchft's hook for torchft-lite. Two replica
-groups (two real torchft Managers with their real lighthouse and gloo process groups, one thread
+``trainers/ddp_hook.py`` replaces the future chain of torchft's hook for torchft-lite. Three replica
+groups (three real torchft Managers with their real lighthouse and gloo process groups, one thread
 each, in a fresh interpreter) train two copies of the decoder on the same batches, one copy through
 torchft's ``DistributedDataParallel`` and one through the workbench's, in the same steps and
-quorums. After every step the two copies' gradients must be the same, and differ from what the group
-computed alone (they are the average over both groups' batches). The hook's other outcomes run in
-the end-to-end tests, where it is the default: a failed all-reduce in the kill tests
-(``test_e2e_local``: the survivors' step is not committed and they go on), a healing group's zeros
-in the heal tests.
+quorums. torchft's ``FIXED_WITH_SPARES`` with ``min_replicas`` 2 makes one group a non-participant
+that must contribute zeros. After every step the two copies' gradients must be the same in every
+group, and differ from what the group computed alone (they are the average over the participants'
+batches). A failed all-reduce is the kill tests' (``test_e2e_local``: the survivors' step is not
+committed and they go on), where this hook is the default.
 """
 
 from __future__ import annotations
@@ -23,6 +23,7 @@ import json, os, threading
 from datetime import timedelta
 import torch
 from torchft import DistributedDataParallel, Manager, Optimizer
+from torchft.manager import WorldSizeMode
 from torchft._torchft import LighthouseServer
 from workbench.trainers import loopback
 from workbench.trainers.ddp_hook import lean_ddp
@@ -32,7 +33,7 @@ torch.set_num_threads(1)
 loopback.install("127.0.0.1")
 M = dict(vocab_size=64, dim=32, layers=1, heads=2, seq_len=8, batch_size=4, lr=1e-2)
 STEPS = 4
-lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=10_000)
+lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=30_000)
 out, errors = {}, []
 
 def group(i):
@@ -48,7 +49,7 @@ def group(i):
             pg=pg, min_replica_size=2, load_state_dict=lambda sd: None, state_dict=lambda: {},
             replica_id=f"replica_{i}", store_addr="127.0.0.1", store_port=store.port, hostname="127.0.0.1",
             rank=0, world_size=1, lighthouse_addr=lighthouse.address(), timeout=timedelta(seconds=20),
-            use_async_quorum=False,
+            use_async_quorum=False, world_size_mode=WorldSizeMode.FIXED_WITH_SPARES,
         )
         ddp_theirs = DistributedDataParallel(manager, theirs)
         ddp_ours = lean_ddp(DistributedDataParallel, pg)(manager, ours)
@@ -62,19 +63,20 @@ def group(i):
                 torch.nn.functional.cross_entropy(model(x).flatten(0, 1), y.flatten()).backward()
             diff = max((a.grad - b.grad).abs().max().item() for a, b in zip(theirs.parameters(), ours.parameters()))
             from_alone = max((a.grad - b.grad).abs().max().item() for a, b in zip(theirs.parameters(), alone.parameters()))
-            participants = manager.num_participants()
+            participants, participating = manager.num_participants(), manager.is_participating()
             opt.step()
             committed = manager.current_step() == step + 1
             with torch.no_grad():
                 for a, b in zip(theirs.parameters(), alone.parameters()):
                     b.copy_(a)
-            rows.append(dict(diff=diff, from_alone=from_alone, participants=participants, committed=committed))
+            rows.append(dict(diff=diff, from_alone=from_alone, participants=participants, participating=participating,
+                             committed=committed))
         out[i] = rows
         manager.shutdown(wait=False)
     except Exception as e:
         errors.append(f"group {i}: {type(e).__name__}: {e}")
 
-threads = [threading.Thread(target=group, args=(i,)) for i in range(2)]
+threads = [threading.Thread(target=group, args=(i,)) for i in range(3)]
 for t in threads:
     t.start()
 for t in threads:
@@ -85,18 +87,20 @@ os._exit(0)
 """
 
 
-def test_workbench_hook_gives_torchfts_gradients_for_two_groups():
+def test_workbench_hook_gives_torchfts_gradients_with_a_non_participant():
     env = {**os.environ, "RUST_LOG": "warn"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
     assert proc.returncode == 0, proc.stderr[-3000:]
     result = json.loads(proc.stdout.strip().splitlines()[-1])
-    assert result["errors"] == [] and result["alive"] == [False, False], result
-    for i in ("0", "1"):
-        rows = result["out"][i]
-        assert len(rows) == 4
-        for row in rows:
-            assert row["participants"] == 2 and row["committed"], row
-            # float32 sums of the same two buckets in the same order: equal to the last bit
-            assert row["diff"] == 0.0, row
-            # and averaged with the other group's batch, not this group's gradients alone
-            assert row["from_alone"] > 1e-4, row
+    assert result["errors"] == [] and result["alive"] == [False, False, False], result
+    rows = [result["out"][str(i)] for i in range(3)]
+    assert [len(r) for r in rows] == [4, 4, 4]
+    for step in zip(*rows):
+        # two groups take part, the third is a spare that contributes zeros; every group commits
+        assert sorted(r["participating"] for r in step) == [False, True, True], step
+        for r in step:
+            assert r["participants"] == 2 and r["committed"], r
+            # float32 sums of the same buckets in the same order: equal to the last bit
+            assert r["diff"] == 0.0, r
+            # and averaged over the participants' batches, not this group's gradients alone
+            assert r["from_alone"] > 1e-4, r
