@@ -7,8 +7,9 @@ torchft's ``DistributedDataParallel`` and one through the workbench's, in the sa
 quorums. torchft's ``FIXED_WITH_SPARES`` with ``min_replicas`` 2 makes one group a non-participant
 that must contribute zeros. After every step the two copies' gradients must be the same in every
 group, and differ from what the group computed alone (they are the average over the participants'
-batches). A failed all-reduce is the kill tests' (``test_e2e_local``: the survivors' step is not
-committed and they go on), where this hook is the default.
+batches). A failed all-reduce (a group alone whose process group is aborted) must be logged as
+torchft logs it, voted down, and leave the bucket as it was; with peers, the kill tests
+(``test_e2e_local``) run it where this hook is the default.
 """
 
 from __future__ import annotations
@@ -87,6 +88,46 @@ os._exit(0)
 """
 
 
+FAILING = r"""
+import json, logging, os
+from datetime import timedelta
+import torch
+from torchft import Manager
+from torchft._torchft import LighthouseServer
+from workbench.trainers import loopback
+from workbench.trainers.ddp_hook import allreduce_and_wait
+
+loopback.install("127.0.0.1")
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("torchft.manager").addHandler(Keep())
+lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+store = loopback.loopback_store()
+pg = loopback.loopback_process_group_gloo()(timeout=timedelta(seconds=10))
+manager = Manager(pg=pg, min_replica_size=1, load_state_dict=lambda sd: None, state_dict=lambda: {},
+                  replica_id="replica_0", store_addr="127.0.0.1", store_port=store.port, hostname="127.0.0.1",
+                  rank=0, world_size=1, lighthouse_addr=lighthouse.address(), timeout=timedelta(seconds=20),
+                  use_async_quorum=False)
+manager.start_quorum()
+ok = torch.full((4,), 3.0)
+allreduce_and_wait(manager, pg, ok).wait()
+before = dict(errored=manager.errored() is not None, value=ok.tolist())
+pg.abort()
+bad = torch.full((4,), 3.0)
+got = allreduce_and_wait(manager, pg, bad).wait()
+again = torch.full((4,), 5.0)
+allreduce_and_wait(manager, pg, again).wait()
+print(json.dumps(dict(before=before, errored=manager.errored() is not None, value=got.tolist(), again=again.tolist(),
+                      logged=[r for r in records if "got exception in all reduce" in r],
+                      commit=manager.should_commit())))
+manager.shutdown(wait=False)
+lighthouse.shutdown()
+os._exit(0)
+"""
+
+
 def test_workbench_hook_gives_torchfts_gradients_with_a_non_participant():
     env = {**os.environ, "RUST_LOG": "warn"}
     proc = subprocess.run([sys.executable, "-c", SCRIPT], capture_output=True, text=True, timeout=300, env=env)
@@ -104,3 +145,17 @@ def test_workbench_hook_gives_torchfts_gradients_with_a_non_participant():
             assert r["diff"] == 0.0, r
             # and averaged over the participants' batches, not this group's gradients alone
             assert r["from_alone"] > 1e-4, r
+
+
+def test_a_failed_allreduce_is_logged_reported_and_leaves_the_bucket():
+    """A group alone (real Manager, lighthouse, gloo): one all-reduce, then its process group aborted."""
+    env = {**os.environ, "RUST_LOG": "warn"}
+    proc = subprocess.run([sys.executable, "-c", FAILING], capture_output=True, text=True, timeout=120, env=env)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    r = json.loads(proc.stdout.strip().splitlines()[-1])
+    assert r["before"] == {"errored": False, "value": [3.0] * 4}  # one participant: the sum divided by 1
+    # the failure is the Manager's error (the step is voted down), the bucket is left as it was
+    assert r["errored"] and r["commit"] is False
+    assert r["value"] == [3.0] * 4 and r["again"] == [5.0] * 4
+    # logged once on torchft's Manager logger, as torchft's hook logs it; the next bucket is skipped
+    assert len(r["logged"]) == 1 and "process group not initialized" in r["logged"][0], r["logged"]
