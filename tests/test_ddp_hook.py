@@ -19,19 +19,38 @@ import os
 import subprocess
 import sys
 
-SCRIPT = r"""
-import json, os, threading
+PRELUDE = r"""
+import json, os
 from datetime import timedelta
 import torch
-from torchft import DistributedDataParallel, Manager, Optimizer
-from torchft.manager import WorldSizeMode
+from torchft import Manager
 from torchft._torchft import LighthouseServer
 from workbench.trainers import loopback
+
+loopback.install("127.0.0.1")
+
+
+def group_manager(replica, min_replicas, lighthouse, **kwargs):
+    # a one-rank replica group's real Manager and its gloo process group, on loopback
+    store = loopback.loopback_store()
+    pg = loopback.loopback_process_group_gloo()(timeout=timedelta(seconds=10))
+    manager = Manager(
+        pg=pg, min_replica_size=min_replicas, load_state_dict=lambda sd: None, state_dict=lambda: {},
+        replica_id=f"replica_{replica}", store_addr="127.0.0.1", store_port=store.port, hostname="127.0.0.1",
+        rank=0, world_size=1, lighthouse_addr=lighthouse.address(), timeout=timedelta(seconds=20),
+        use_async_quorum=False, **kwargs,
+    )
+    return manager, pg
+"""
+
+SCRIPT = PRELUDE + r"""
+import threading
+from torchft import DistributedDataParallel, Optimizer
+from torchft.manager import WorldSizeMode
 from workbench.trainers.ddp_hook import lean_ddp
 from workbench.trainers.tiny_decoder import build_model, make_batch
 
 torch.set_num_threads(1)
-loopback.install("127.0.0.1")
 M = dict(vocab_size=64, dim=32, layers=1, heads=2, seq_len=8, batch_size=4, lr=1e-2)
 STEPS = 4
 lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=2, join_timeout_ms=30_000)
@@ -44,14 +63,7 @@ def group(i):
         ours.load_state_dict(theirs.state_dict())
         alone = build_model(M)
         alone.load_state_dict(theirs.state_dict())
-        store = loopback.loopback_store()
-        pg = loopback.loopback_process_group_gloo()(timeout=timedelta(seconds=10))
-        manager = Manager(
-            pg=pg, min_replica_size=2, load_state_dict=lambda sd: None, state_dict=lambda: {},
-            replica_id=f"replica_{i}", store_addr="127.0.0.1", store_port=store.port, hostname="127.0.0.1",
-            rank=0, world_size=1, lighthouse_addr=lighthouse.address(), timeout=timedelta(seconds=20),
-            use_async_quorum=False, world_size_mode=WorldSizeMode.FIXED_WITH_SPARES,
-        )
+        manager, pg = group_manager(i, 2, lighthouse, world_size_mode=WorldSizeMode.FIXED_WITH_SPARES)
         ddp_theirs = DistributedDataParallel(manager, theirs)
         ddp_ours = lean_ddp(DistributedDataParallel, pg)(manager, ours)
         opt = Optimizer(manager, torch.optim.SGD(list(theirs.parameters()) + list(ours.parameters()), lr=M["lr"]))
@@ -88,37 +100,27 @@ os._exit(0)
 """
 
 
-FAILING = r"""
-import json, logging, os
-from datetime import timedelta
-import torch
-from torchft import Manager
-from torchft._torchft import LighthouseServer
-from workbench.trainers import loopback
-from workbench.trainers.ddp_hook import allreduce_and_wait
+FAILING = PRELUDE + r"""
+import logging
+from workbench.trainers.ddp_hook import allreduce_and_wait, sum_options
 
-loopback.install("127.0.0.1")
 records = []
 class Keep(logging.Handler):
     def emit(self, record):
         records.append(record.getMessage())
 logging.getLogger("torchft.manager").addHandler(Keep())
 lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
-store = loopback.loopback_store()
-pg = loopback.loopback_process_group_gloo()(timeout=timedelta(seconds=10))
-manager = Manager(pg=pg, min_replica_size=1, load_state_dict=lambda sd: None, state_dict=lambda: {},
-                  replica_id="replica_0", store_addr="127.0.0.1", store_port=store.port, hostname="127.0.0.1",
-                  rank=0, world_size=1, lighthouse_addr=lighthouse.address(), timeout=timedelta(seconds=20),
-                  use_async_quorum=False)
+manager, pg = group_manager(0, 1, lighthouse)
+opts = sum_options()
 manager.start_quorum()
 ok = torch.full((4,), 3.0)
-allreduce_and_wait(manager, pg, ok).wait()
+allreduce_and_wait(manager, pg, ok, opts).wait()
 before = dict(errored=manager.errored() is not None, value=ok.tolist())
 pg.abort()
 bad = torch.full((4,), 3.0)
-got = allreduce_and_wait(manager, pg, bad).wait()
+got = allreduce_and_wait(manager, pg, bad, opts).wait()
 again = torch.full((4,), 5.0)
-allreduce_and_wait(manager, pg, again).wait()
+allreduce_and_wait(manager, pg, again, opts).wait()
 print(json.dumps(dict(before=before, errored=manager.errored() is not None, value=got.tolist(), again=again.tolist(),
                       logged=[r for r in records if "got exception in all reduce" in r],
                       commit=manager.should_commit())))

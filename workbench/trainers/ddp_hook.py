@@ -28,18 +28,23 @@ attached) go with the chain's Python objects.
 
 from __future__ import annotations
 
+import torch
+from torch.distributed import AllreduceOptions, ReduceOp
 
-def allreduce_and_wait(manager, pg, tensor):
-    """One bucket's all-reduce across the quorum's groups; returns a completed future of the bucket."""
-    import torch
-    from torch.distributed import AllreduceOptions, ReduceOp
 
+def sum_options() -> AllreduceOptions:
+    opts = AllreduceOptions()
+    opts.reduceOp = ReduceOp.SUM
+    return opts
+
+
+def allreduce_and_wait(manager, pg, tensor, opts: AllreduceOptions):
+    """One bucket's all-reduce across the quorum's groups (``opts``: :func:`sum_options`); returns a
+    completed future of the bucket."""
     if manager.errored() is None:
         participants = manager.num_participants()  # waits for the step's quorum
         if not manager.is_participating():
             tensor.zero_()
-        opts = AllreduceOptions()
-        opts.reduceOp = ReduceOp.SUM
         try:
             pg.allreduce([tensor], opts).wait()
         except Exception as e:
@@ -55,10 +60,11 @@ def allreduce_and_wait(manager, pg, tensor):
 def lean_ddp(base, pg):
     """torchft's ``DistributedDataParallel`` (``base``) whose gradient hook is :func:`allreduce_and_wait`
     over ``pg``, the Manager's process group."""
+    opts = sum_options()
 
     class LeanDistributedDataParallel(base):
         @staticmethod
         def _comm_hook(state, bucket):
-            return allreduce_and_wait(state, pg, bucket.buffer())
+            return allreduce_and_wait(state, pg, bucket.buffer(), opts)
 
     return LeanDistributedDataParallel
