@@ -51,6 +51,15 @@ def test_a_bad_chaos_spec_is_refused_before_anything_is_drawn_or_written(run_roo
     assert not run_root.exists()
 
 
+def test_a_scheduled_fault_the_run_ends_before_is_reported_not_dropped(start_run):
+    run = start_run("demo", {"steps": 30, "faults": [{"action": "kill", "target": 1, "at_s": 600.0}]})
+    run.wait(timeout=300)
+    assert run.state() == "completed"
+    warnings = [e["message"] for e in run.event_records() if e["kind"] == "warning"]
+    assert [m for m in warnings if m.startswith("scheduled fault 0 (kill at 600.0 s) never fired")], warnings
+    assert not [e for e in run.event_records() if e["kind"] == "fault"]
+
+
 SHIPPED = sorted(p.stem for p in CONFIG_DIR.glob("*.yaml"))
 
 

@@ -123,6 +123,11 @@ class Controller:
             traceback.print_exc()
         finally:
             self._shutdown()
+            for i, f in enumerate(self.spec.faults):
+                if i not in self.fired:
+                    when = f"at {f.at_s} s" if f.at_s is not None else f"at step {f.at_step}"
+                    self.writer.emit("warning", message=f"scheduled fault {i} ({f.action} {when}) never fired: "
+                                     f"the run ended at step {self.max_step} first")
             self._write_step_index()  # before run_end: a reader that sees the end finds the index complete
             self.writer.emit("run_end", state=state, reason=reason, steps=self.max_step)
             self.writer.close()

@@ -17,7 +17,11 @@ Invariants, each computed from events only:
 - no partially written checkpoint was loaded: every restore names a step that
   a ``durable`` checkpoint event recorded (torchft-lite heals from live peers'
   memory, so it has none to check);
-- every fault has a complete recovery-timeline row.
+- every fault has a complete recovery-timeline row;
+- every scheduled fault fired. The schedule is in seconds and the run's length
+  in steps, so a run that steps faster than its spec was sized for ends with
+  faults still due; ``soak_spec`` sizes ``steps`` from the drawn schedule at the
+  fastest a step can go (``step_delay_s``) so that cannot happen.
 
 Also counted, not an invariant: ``restarts_from_scratch``, kills that found
 every peer down as well (overlapping faults), so the replacement had no one
@@ -29,11 +33,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 
 from . import analysis, faultkinds
 from .cluster import backend_names
 from .run import Run, submit
+from .schedule import materialize
+from .spec import Spec
 
 
 def unexplained_crashes(events: list[dict]) -> list[dict]:
@@ -79,11 +86,14 @@ def check_invariants(run: Run) -> dict:
     bad_restores = [e for e in restores if e.get("from_step") not in durable and e.get("from_step") not in (0, None)]
     timeline = analysis.recovery_timeline(events)
     faults = [e for e in events if e["kind"] == "fault" and e.get("action") != "resume"]
+    scheduled = len(run.spec.faults)
     result = {
         "state": run.state(),
         "steps": analysis.max_committed_step(events),
         "steps_target": run.spec.steps,
         "faults": len(faults),
+        "faults_scheduled": scheduled,
+        "faults_not_fired": scheduled - sum(1 for e in faults if e.get("origin") == "schedule"),
         "faults_by_action": {a: sum(1 for e in faults if e["action"] == a) for a in sorted({e["action"] for e in faults})},
         "restarts": sum(1 for e in events if e["kind"] == "restart"),
         "heals": sum(1 for e in events if e["kind"] == "heal"),
@@ -104,7 +114,7 @@ def check_invariants(run: Run) -> dict:
         and result["survivor_crashes"] == 0 and duplicates == 0 and backwards == 0
         and result["final_weights_distinct"] == 1 and not bad_restores
         and result["timeline_rows"] == result["faults"] - sum(1 for e in faults if e["action"] == "resume")
-        and result["timeline_incomplete"] == 0
+        and result["timeline_incomplete"] == 0 and result["faults_not_fired"] == 0
     )
     return result
 
@@ -152,21 +162,31 @@ def soak_mix(cluster: str) -> list[str]:
     return [n for n in faultkinds.names(cluster) if faultkinds.KINDS[n].process == "group"] + ["kill"]
 
 
-def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int) -> dict:
+STEP_DELAY_S = 0.02
+TAIL_S = 10.0  # after the last fault: its recovery, and a hang's or straggler's seconds
+
+
+def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int | None = None) -> dict:
+    """The soak's spec. ``steps`` left out: enough that the run cannot end before its last
+    scheduled fault, and ``TAIL_S`` after it, even if every step took only ``step_delay_s``."""
     actions = soak_mix(cluster)
-    return {
+    spec = {
         "name": "soak",
         "cluster": cluster,
         "faults": [],
         "min_replicas": 1,
-        "steps": steps,
-        "model": {"step_delay_s": 0.02},
+        "steps": steps or 1,
+        "model": {"step_delay_s": STEP_DELAY_S},
         "spares": 1,
         "relaunch_delay_s": 0.0,
         "max_restarts": 10 * faults,
         "chaos": {"mtbf_s": mtbf_s, "seed": seed, "actions": actions, "max_faults": faults,
                   "start_s": 2.0, "hang_seconds": 2.0},
     }
+    if steps is None:
+        last_s = max(f.at_s for f in materialize(Spec.model_validate(spec)).faults)
+        spec["steps"] = math.ceil((last_s + TAIL_S) / STEP_DELAY_S)
+    return spec
 
 
 def main(argv=None) -> int:
@@ -177,11 +197,12 @@ def main(argv=None) -> int:
     p.add_argument("--cluster", choices=backend_names(), default="local")
     p.add_argument("--steps", type=int, default=None, help="default: long enough for every fault to land")
     args = p.parse_args(argv)
-    steps = args.steps or int((args.faults * args.mtbf + 60) / 0.06)
-    run = submit("demo", soak_spec(args.faults, args.mtbf, args.seed, args.cluster, steps))
-    print(f"soak: {args.faults} faults, mean {args.mtbf}s apart, {steps} steps; run dir {run.run_dir}", flush=True)
+    spec = soak_spec(args.faults, args.mtbf, args.seed, args.cluster, args.steps)
+    run = submit("demo", spec)
+    print(f"soak: {args.faults} faults, mean {args.mtbf}s apart, {spec['steps']} steps; run dir {run.run_dir}",
+          flush=True)
     try:
-        run.wait(timeout=args.faults * args.mtbf * 6 + 600)
+        run.wait(timeout=spec["steps"] * STEP_DELAY_S * 6 + 600)
     finally:
         if run.state() not in ("completed", "failed", "stopped"):
             run.stop()
