@@ -178,7 +178,8 @@ ELASTIC_SCHEDULES = {
 # kill placed in seconds drifted onto a write under load (0.07 s after step 160's), which changes the redone
 # work by a whole period and tests the load, not the model.
 RESTART_FAULTS = [{"action": "kill", "target": 1, "at_step": 120}, {"action": "kill", "target": 2, "at_step": 220}]
-QUIET_STEPS = {"model.step_delay_s": 0.05}
+# 400 steps of at least 0.07 s last 28 s however fast the steps go: past the last kill placed in seconds (25 s).
+QUIET_STEPS = {"model.step_delay_s": 0.07}
 
 
 def _faults(schedule):

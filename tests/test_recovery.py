@@ -11,11 +11,13 @@ pytestmark = pytest.mark.slow
 
 def test_chaos_run_with_random_kills_and_hangs_reaches_its_target(start_run):
     chaos = {"mtbf_s": 3.5, "seed": 11, "actions": ["kill", "hang"], "max_faults": 10, "start_s": 2.0, "hang_seconds": 2.0}
-    run = start_run("demo", {"faults": [], "chaos": chaos, "steps": 1200, "min_replicas": 1,
-                             "model.step_delay_s": 0.02})
+    # The faults are drawn in seconds (the last at 26.8 s), the run's length is in steps: 1300 steps of at
+    # least 0.03 s outlast the last fault and its recovery however fast the steps go.
+    run = start_run("demo", {"faults": [], "chaos": chaos, "steps": 1300, "min_replicas": 1,
+                             "model.step_delay_s": 0.03})
     assert len(run.spec.faults) == 10 and run.spec.chaos is None and run.record["chaos"]["seed"] == 11
     status = run.wait(timeout=900)
-    assert status["state"] == "completed" and status["step"] == 1200, status
+    assert status["state"] == "completed" and status["step"] == 1300, status
     events = run.event_records()
     fault_events = [e for e in events if e["kind"] == "fault" and e["action"] in ("kill", "hang")]
     assert len(fault_events) == 10, [e for e in events if e["kind"] == "warning"]

@@ -25,11 +25,11 @@ def test_a_soak_is_long_enough_for_its_last_fault_at_its_fastest_step():
     """The chaos schedule is in seconds and the run's length in steps: a run that stepped faster than
     the length was sized for ended with its last faults still due (10 of 12 fired, once)."""
     from workbench.schedule import materialize
-    from workbench.spec import Spec
+    from workbench.spec_load import load_spec
 
     for faults, mtbf_s, seed in ((12, 5.0, 9), (50, 6.0, 1)):
         spec = soak_spec(faults=faults, mtbf_s=mtbf_s, seed=seed, cluster="local")
-        last_s = max(f.at_s for f in materialize(Spec.model_validate(spec)).faults)
+        last_s = max(f.at_s for f in materialize(load_spec("demo", spec)).faults)
         assert spec["steps"] * spec["model"]["step_delay_s"] >= last_s + spec["chaos"]["hang_seconds"]
 
 

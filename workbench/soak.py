@@ -40,7 +40,7 @@ from . import analysis, faultkinds
 from .cluster import backend_names
 from .run import Run, submit
 from .schedule import materialize
-from .spec import Spec
+from .spec_load import load_spec
 
 
 def unexplained_crashes(events: list[dict]) -> list[dict]:
@@ -175,7 +175,6 @@ def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int | 
         "cluster": cluster,
         "faults": [],
         "min_replicas": 1,
-        "steps": steps or 1,
         "model": {"step_delay_s": STEP_DELAY_S},
         "spares": 1,
         "relaunch_delay_s": 0.0,
@@ -184,9 +183,9 @@ def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int | 
                   "start_s": 2.0, "hang_seconds": 2.0},
     }
     if steps is None:
-        last_s = max(f.at_s for f in materialize(Spec.model_validate(spec)).faults)
-        spec["steps"] = math.ceil((last_s + TAIL_S) / STEP_DELAY_S)
-    return spec
+        last_s = max(f.at_s for f in materialize(load_spec("demo", spec)).faults)
+        steps = math.ceil((last_s + TAIL_S) / STEP_DELAY_S)
+    return {**spec, "steps": steps}
 
 
 def main(argv=None) -> int:
