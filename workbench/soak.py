@@ -85,7 +85,7 @@ def check_invariants(run: Run) -> dict:
     restores = [e for e in events if e["kind"] == "phase" and e.get("phase") == "restored"]
     bad_restores = [e for e in restores if e.get("from_step") not in durable and e.get("from_step") not in (0, None)]
     timeline = analysis.recovery_timeline(events)
-    faults = [e for e in events if e["kind"] == "fault" and e.get("action") != "resume"]
+    faults = [e for e in events if e["kind"] == "fault" and e.get("action") != faultkinds.RESUME]
     scheduled = len(run.spec.faults)
     result = {
         "state": run.state(),
@@ -113,7 +113,7 @@ def check_invariants(run: Run) -> dict:
         result["state"] == "completed" and result["steps"] == result["steps_target"]
         and result["survivor_crashes"] == 0 and duplicates == 0 and backwards == 0
         and result["final_weights_distinct"] == 1 and not bad_restores
-        and result["timeline_rows"] == result["faults"] - sum(1 for e in faults if e["action"] == "resume")
+        and result["timeline_rows"] == result["faults"]
         and result["timeline_incomplete"] == 0 and result["faults_not_fired"] == 0
     )
     return result
