@@ -81,7 +81,7 @@ bench: $(STAMP)
 	$(PY) -m bench $(BENCH_ARGS)
 
 soak: $(STAMP)
-	$(PY) -m workbench.soak --faults 50
+	$(PY) -m workbench.experiments.soak --faults 50
 
 clean:
 	rm -rf $(VENV) runs .pytest_cache test-artifacts

@@ -2,11 +2,11 @@
 
 Three steps, all through the workbench's own machinery:
 
-1. a fault-free sweep (``workbench.sweep``) of ``configs/algorithms.yaml`` over ddp and, at each of two
+1. a fault-free sweep (``workbench.experiments.sweep``) of ``configs/algorithms.yaml`` over ddp and, at each of two
    sync periods, localsgd, diloco and streaming_diloco (2 fragments, ``fragment_sync_delay`` 1);
 2. the trace: a ddp run with scheduled kills (``faults``, at committed steps), recorded in its ``run.json``;
 3. the same faults over the semi-synchronous points: a sweep whose base is that run's replay spec
-   (``workbench.replay.replay_spec``), so every point is hit at the same training steps.
+   (``workbench.run.replay.replay_spec``), so every point is hit at the same training steps.
 
 Per point: fault-free useful samples/s relative to ddp, bytes per useful group-step relative to ddp
 (the ``bytes`` each ``step`` event carries, counted at the process group's all-reduce, summed over the
@@ -67,7 +67,8 @@ def label(point: dict) -> str:
 
 def run_figures(run) -> dict:
     """The bench's figures of one finished run, from its event log."""
-    from workbench import analysis, compare
+    from workbench import analysis
+    from workbench.analysis import compare
     from workbench.analysis.useful import decided
 
     events = run.event_records()
@@ -100,7 +101,7 @@ def _finish(sweep, timeout_s: float, log) -> list:
 def measure(cfg: dict, root: Path, log=print) -> dict:
     """Run the three steps (module docstring) under ``root``; returns the table and what it came from."""
     import workbench as wb
-    from workbench.replay import replay_spec
+    from workbench.run.replay import replay_spec
 
     pts = points(cfg["periods"])
     base = [f"steps={cfg['steps']}", f"run_root={root}", "faults=[]", "ft.algorithm=ddp",

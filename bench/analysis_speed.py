@@ -20,8 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.events import EventReader, EventWriter
-from workbench.spec_load import load_spec
+from workbench.events.log import EventReader, EventWriter
+from workbench.spec.load import load_spec
 
 BASE = 1_700_000_000.0
 DT = 0.05

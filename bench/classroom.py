@@ -43,13 +43,14 @@ import numpy as np
 import psutil
 
 import workbench as wb
-from workbench import analysis, rundir
+from workbench import analysis
+from workbench.run import rundir
 from workbench.analysis.useful import decided
-from workbench.events import EventWriter
-from workbench.spec import Spec
-from workbench.spec_load import load_spec, load_yaml, parse_override
+from workbench.events.log import EventWriter
+from workbench.spec.models import Spec
+from workbench.spec.load import load_spec, load_yaml, parse_override
 from workbench.trainers import trainer_kind
-from workbench.widgets.timeline import Replay, useful_rate
+from workbench.analysis.wallclock import Replay, useful_rate
 
 from .sessions import _stop
 
@@ -121,9 +122,9 @@ def run_window(spec: Spec, window_s: float, root: Path, log=print, startup_timeo
     run = wb.submit(data)
     error, samples = None, []
     try:
-        run.wait_for(lambda r: analysis.max_committed_step(r._events) > 0 or r.state() in ("failed", "stopped"),
+        run.wait_for(lambda r: analysis.max_committed_step(r.events_read) > 0 or r.state() in ("failed", "stopped"),
                      timeout=startup_timeout)
-        first = min(e["t"] for e in run._events if e.get("kind") == "step" and e.get("committed"))
+        first = min(e["t"] for e in run.events_read if e.get("kind") == "step" and e.get("committed"))
         for frac in (0.25, 0.75):  # CPU time between two samples; memory at the later one
             run.wait_for(lambda r: time.time() - first >= frac * window_s or r.state() in ("failed", "stopped"),
                          timeout=window_s + startup_timeout)
@@ -131,7 +132,7 @@ def run_window(spec: Spec, window_s: float, root: Path, log=print, startup_timeo
         run.wait_for(lambda r: time.time() - first >= window_s or r.state() in ("failed", "stopped", "completed"),
                      timeout=window_s + startup_timeout)
         try:
-            run.wait_for(lambda r: window_decided(r._events, first + window_s) or r.state() in ("failed", "stopped", "completed"),
+            run.wait_for(lambda r: window_decided(r.events_read, first + window_s) or r.state() in ("failed", "stopped", "completed"),
                          timeout=SETTLE_S)
         except TimeoutError:
             log(f"  the window's last inner steps not all decided {SETTLE_S:.0f} s after it; counted as they stand")

@@ -27,7 +27,7 @@ FIRST_FAULT_STEP = 25
 
 
 def _of(run, kind: str, attempt: int) -> list[dict]:
-    return [e for e in run._events if e["kind"] == kind and e.get("replica") == 0 and e.get("attempt") == attempt]
+    return [e for e in run.events_read if e["kind"] == kind and e.get("replica") == 0 and e.get("attempt") == attempt]
 
 
 def _phase(run, name: str, attempt: int):
@@ -50,7 +50,7 @@ def one(nodes: int, run_root: Path) -> dict:
             "fault_to_first_step_s": _phase(run, "first_step", 1)["t"] - fault["t"],
             "from_step": _phase(run, "restored", 1)["from_step"], "run_dir": str(run.run_dir),
         }
-        run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r._events), 60)
+        run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r.events_read), 60)
         return row
     finally:
         run.stop(timeout=60)

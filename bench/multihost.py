@@ -26,7 +26,7 @@ from pathlib import Path
 
 
 def _participating_t(run, replica: int, attempt: int):
-    ts = [e["t"] for e in run._events if e["kind"] == "step" and e.get("replica") == replica
+    ts = [e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
           and e.get("attempt") == attempt and e.get("committed") and e.get("participating")]
     return min(ts) if ts else None
 
@@ -51,7 +51,7 @@ def measure(wb, netns, nodes: dict, mode: str, run_root: Path, layout: tuple[int
             before = {n: netns.link_bytes(n) for n in nodes} if mode == "netns" else {}
             fault = run.kill(0)
             run.wait_for(lambda x, a=k + 1: _participating_t(x, 0, a) is not None, timeout)
-            heal = next((e for e in run._events if e["kind"] == "heal" and e.get("replica") == 0
+            heal = next((e for e in run.events_read if e["kind"] == "heal" and e.get("replica") == 0
                          and e.get("attempt") == k + 1), {})
             source = next((n for n, a in nodes.items() if a == heal.get("served_from")), None)
             sent = (netns.link_bytes(source)["sent"] - before[source]["sent"]) if source and before else None

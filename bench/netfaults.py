@@ -9,7 +9,7 @@ On one local torchft-lite run of two groups (``--reps`` times each, medians):
 - ``freeze`` for 10 s on group 1: when group 0's quorum went on without it
   (what the lighthouse saw), when the controller's hang detector reported it,
   and when the group took part again;
-- the sampler (``workbench.nodehealth``): CPU seconds per sample over the
+- the sampler (``workbench.controller.nodehealth``): CPU seconds per sample over the
   run's processes, as a share of the sampling period (the core it takes
   from the trainers on a full machine: on a contended core, the share of
   each step's time the trainer loses to it).
@@ -32,11 +32,12 @@ import tempfile
 import time
 
 import workbench as wb
-from workbench import analysis, nodehealth
+from workbench import analysis
+from workbench.controller import nodehealth
 
 
 def _committed(run, replica, lo, hi):
-    return sorted(e["t"] for e in run._events if e["kind"] == "step" and e.get("replica") == replica
+    return sorted(e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
                   and e.get("committed") and lo < e["t"] < hi)
 
 
@@ -46,8 +47,8 @@ def _interval(ts):
 
 def _resumed(run, kind, after):
     run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == kind and e["t"] > after
-                               for e in r._events), timeout=120)
-    return next(e for e in run._events if e["kind"] == "fault" and e.get("resumed") == kind and e["t"] > after)
+                               for e in r.events_read), timeout=120)
+    return next(e for e in run.events_read if e["kind"] == "fault" and e.get("resumed") == kind and e["t"] > after)
 
 
 def _settle(run, seconds=6.0):
@@ -76,7 +77,7 @@ def local(reps: int) -> list[dict]:
             back = _resumed(run, "freeze", fault["t"])
             _settle(run)
             row = analysis.recovery_timeline(run.event_records()).iloc[-1]
-            hang = next((e for e in run._events if e["kind"] == "hang" and e.get("target") == 1
+            hang = next((e for e in run.events_read if e["kind"] == "hang" and e.get("target") == 1
                          and e["t"] > fault["t"]), None)
             out.append({"what": "freeze_10s", "rep": rep, "quorum_without_it_s": row["quorum_without_victim"],
                         "hang_reported_s": hang["t"] - fault["t"] if hang else None,

@@ -24,9 +24,9 @@ import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from workbench import rundir
-from workbench.events import EventReader, EventWriter
-from workbench.spec_load import load_spec
+from workbench.run import rundir
+from workbench.events.log import EventReader, EventWriter
+from workbench.spec.load import load_spec
 
 REPLICAS = 3
 
@@ -74,7 +74,8 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     import io
     import os
 
-    from workbench.analysis import StepColumns, metrics_frame, step_index
+    from workbench.analysis import StepColumns, metrics_frame
+    from workbench.analysis import step_index
 
     files = sorted((run_dir / "events").glob("*.jsonl"))
     t0 = time.perf_counter()
@@ -177,7 +178,7 @@ def writer_cost(tmp: Path, n: int = 20000) -> dict:
     import torch
 
     from workbench.trainers.kit import weights_checksum
-    from workbench.trainers.tiny_decoder import build_model
+    from workbench.trainers.lite.model import build_model
 
     w = EventWriter(tmp, "writer-bench", run="bench", replica=0, attempt=0)
     samples = []

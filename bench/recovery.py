@@ -6,7 +6,7 @@
   process, relaunched by the controller), and per run the survivors' lost and
   discarded steps (``analysis.summary``).
 - throughput: the steady-state (fault-free) rate of each run and the useful
-  rate under kills, both in committed samples/s via ``workbench.breakeven.
+  rate under kills, both in committed samples/s via ``workbench.analysis.breakeven.
   throughput`` (``analysis.goodput``'s window and steady-state rate, each
   (replica, step) counted once, so a checkpoint-restart job's redone steps are
   not counted twice).
@@ -20,7 +20,8 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from workbench import analysis, breakeven
+from workbench import analysis
+from workbench.analysis import breakeven
 
 from .sessions import RunRecord
 

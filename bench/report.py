@@ -9,7 +9,7 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from workbench import breakeven
+from workbench.analysis import breakeven
 
 from .recovery import ratio_of_medians
 
@@ -435,7 +435,7 @@ def write(res: dict, out: Path, img: Path) -> None:
     if "throughput" in figs:
         lines += ["", f"Figure: [useful throughput](img/{figs['throughput']})"]
     b = res.get("breakeven")
-    lines += ["", "### Break-even MTBF (`workbench.breakeven`)", ""]
+    lines += ["", "### Break-even MTBF (`workbench.analysis.breakeven`)", ""]
     if b and "error" not in b:
         e, r = b["elastic"], b["restart"]
         lines += [

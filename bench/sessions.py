@@ -75,9 +75,9 @@ def run_variant(variant: Variant, window_s: float, run_root: Path, log=print, st
     error = None
     progress = _ProgressWatch()
     try:
-        run.wait_for(lambda r: progress.first_t(r._events) is not None or r.state() in ("failed", "stopped"),
+        run.wait_for(lambda r: progress.first_t(r.events_read) is not None or r.state() in ("failed", "stopped"),
                      timeout=startup_timeout)
-        first = progress.first_t(run._events)
+        first = progress.first_t(run.events_read)
         if first is None:
             error = f"run {run.id} ended ({run.state()}) before its first step"
         else:

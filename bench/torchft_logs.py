@@ -59,8 +59,8 @@ def measure(reps: int, window_s: float, root: Path, log=print) -> dict:
 def record_cost(n: int = 20_000) -> dict:
     """Seconds per record through the handler (``logger.info`` → one event line written and flushed),
     and per record with the route off (torchft's loggers at their default level: dropped), median of 5."""
-    from workbench.events import EventWriter
-    from workbench.trainers.torchft_logs import TorchftLogHandler
+    from workbench.events.log import EventWriter
+    from workbench.trainers.torchft.logs import TorchftLogHandler
 
     logger = logging.getLogger("torchft_commits")
     extra = {"job_id": "unknown", "replica_id": "replica_0:uuid", "rank": 0, "quorum_id": 3, "step": 1,

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The GPU path, end to end, on a machine with one GPU (CUDA, or ROCm through the same torch API):
 # a `titan` run of two replica groups sharing the GPU, group 1 killed and healed from group 0,
-# the GPU's health sampled by the controller (workbench.nodehealth: nvidia-ml-py or amdsmi).
+# the GPU's health sampled by the controller (workbench.controller.nodehealth: nvidia-ml-py or amdsmi).
 # Under 8 minutes; every figure goes to one JSON file (default gpu-check.json):
 # step time, kill -> participating, heal seconds and bytes, GPU memory and utilisation.
 #

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Create MaxText's own environment, .venv-maxtext, the way it would run in its own container:
-# the job wrapper (workbench/trainers/maxtext.py, main environment) starts this interpreter.
+# the job wrapper (workbench/trainers/maxtext/job.py, main environment) starts this interpreter.
 #
 # maxtext needs Python >= 3.12 and its wheel declares no requirements, so the complete set is
 # frozen in requirements-maxtext.txt and installed with --no-deps (no resolver, no surprises).

@@ -71,7 +71,7 @@ def start_run(run_root):
 
 def workbench_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, timeout=timeout,
+        [sys.executable, "-m", "workbench.apps.cli", *args], capture_output=True, text=True, timeout=timeout,
         env={**os.environ, **(env or {})}, cwd=REPO,
     )
 
@@ -111,7 +111,7 @@ def local_slurm(state_dir: Path, **up_kwargs):
 
 def committed_before(ckpt_dir: Path, t: float) -> list[int]:
     """MaxText steps whose checkpoint Orbax had committed (its ``_CHECKPOINT_METADATA``) before ``t``."""
-    from workbench.trainers.maxtext_output import durable_checkpoints
+    from workbench.trainers.maxtext.output import durable_checkpoints
 
     steps = []
     for step, path in durable_checkpoints(ckpt_dir).items():
@@ -189,7 +189,7 @@ def slurm_submitter(slurm_conf: str, config: str, stop_timeout: float):
     """A generator for a fixture: yields ``submit(overrides)`` (``wb.submit(config, overrides)``), then stops
     each run and removes what it left, by PID and job id, also on failure."""
     import workbench as wb
-    from workbench.cluster import slurm
+    from workbench.cluster.slurm import backend as slurm
 
     runs = []
 
@@ -204,7 +204,7 @@ def slurm_submitter(slurm_conf: str, config: str, stop_timeout: float):
             run.stop(timeout=stop_timeout)
         finally:
             kill_pids(run.pids())
-            job_ids = [str(e["job_id"]) for e in run._events if e["kind"] == "submit"]
+            job_ids = [str(e["job_id"]) for e in run.events_read if e["kind"] == "submit"]
             if job_ids:
                 slurm.slurm_cmd(slurm_conf, "scancel", *job_ids)
             if run._controller is not None and run._controller.poll() is None:

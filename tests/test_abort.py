@@ -7,7 +7,7 @@ import json
 import pytest
 
 from workbench import analysis
-from workbench.replay import replay_spec
+from workbench.run.replay import replay_spec
 from workbench.widgets import Dashboard
 
 from .conftest import workbench_cli
@@ -21,7 +21,7 @@ def test_abort_is_a_fault_kind_everywhere_and_a_run_recovers_from_it(start_run, 
     run = start_run("demo", {"steps": 500, "min_replicas": 1, "run_root": str(run_root),
                              "faults": [{"action": "abort", "target": 1, "at_step": 60}]})
     assert "abort" in Dashboard(run, start=False).action_picker.options
-    run.wait_for(lambda r: any(e["kind"] == "heal" and e.get("replica") == 1 for e in r._events), timeout=240)
+    run.wait_for(lambda r: any(e["kind"] == "heal" and e.get("replica") == 1 for e in r.events_read), timeout=240)
     cli = workbench_cli("kill", str(run.run_dir), "--replica", "2", "--how", "abort")
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["action"] == "abort"

@@ -3,7 +3,7 @@ same training as AdamW's own lazy initialisation, bit for bit."""
 
 import torch
 
-from workbench.trainers.tiny_decoder import build_model, init_adamw_state, make_batch
+from workbench.trainers.lite.model import build_model, init_adamw_state, make_batch
 
 M = {"vocab_size": 64, "dim": 32, "layers": 2, "heads": 2, "seq_len": 16, "lr": 1e-2, "batch_size": 2}
 

@@ -13,7 +13,7 @@ import time
 import pytest
 
 import workbench as wb
-from workbench.spec_load import load_spec
+from workbench.spec.load import load_spec
 
 
 @pytest.mark.parametrize(
@@ -98,7 +98,7 @@ def _syncs(events, replica=None, attempt=None, after=None):
 
 def _shared_commit(run, replica, attempt, after):
     return any(s.get("committed") and s.get("participants") == 2 and s.get("bytes", 0) > 0
-               for s in _syncs(run._events, replica, attempt, after))
+               for s in _syncs(run.events_read, replica, attempt, after))
 
 
 @pytest.mark.slow
@@ -109,8 +109,8 @@ def test_killed_group_comes_back_heals_and_syncs_again(start_run, case):
     # Both groups have committed a sync together (the joins done, the schedule running).
     run.wait_for(lambda r: _shared_commit(r, 0, 0, None) and _shared_commit(r, 1, 0, None), timeout=120)
     kill = run.kill(replica=1)
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("pid") == kill["pid"] for e in r._events), timeout=10)
-    t_kill = next(e["t"] for e in run._events if e["kind"] == "fault" and e.get("pid") == kill["pid"])
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("pid") == kill["pid"] for e in r.events_read), timeout=10)
+    t_kill = next(e["t"] for e in run.events_read if e["kind"] == "fault" and e.get("pid") == kill["pid"])
     # The replacement (attempt 1) takes part in a committed sync of both groups after the kill.
     run.wait_for(lambda r: _shared_commit(r, 1, 1, t_kill) and _shared_commit(r, 0, 0, t_kill), timeout=120)
     t_stop = time.time()
@@ -123,7 +123,7 @@ def test_killed_group_comes_back_heals_and_syncs_again(start_run, case):
     if case == "diloco-bucketized":  # the whole model (0.5 MB) in one flat buffer under the 1 MB cap
         assert {s["allreduces"] for s in shared} == {1}, shared
     elif algorithm == "diloco":  # torchft's default: one all-reduce per parameter tensor
-        from workbench.trainers.tiny_decoder import build_model
+        from workbench.trainers.lite.model import build_model
 
         tensors = len(list(build_model(run.spec.model.model_dump()).parameters()))
         assert {s["allreduces"] for s in shared} == {tensors}, shared
@@ -166,8 +166,8 @@ def _diloco_log(tmp_path):
     syncs alone at 9 and with the replacement (healed at 1011.8, joined at sync 12) at 12; their sync
     at 15 is voted down, so 13–15 are stepped again and committed at 1018.
     """
-    from workbench import rundir
-    from workbench.events import EventReader, EventWriter
+    from workbench.run import rundir
+    from workbench.events.log import EventReader, EventWriter
 
     run_dir = rundir.create(tmp_path, "20250101-000000-semi-abcdef", {"replicas": 2})
     ctl = EventWriter(run_dir, "controller", run="t")
@@ -233,8 +233,8 @@ def test_titan_flags_for_each_algorithm_parse_as_torchtitan_semi_sync_config():
 
     out = run_python("""
         import tomllib
-        from workbench.spec_load import load_spec
-        from workbench.trainers import titan_cpu, titan
+        from workbench.spec.load import load_spec
+        from workbench.trainers.titan import cpu_patches as titan_cpu; from workbench.trainers.titan import job as titan
         if titan_cpu.needed():
             titan_cpu.apply()
         from torchtitan.config import ConfigManager
@@ -261,7 +261,7 @@ def test_titan_flags_for_each_algorithm_parse_as_torchtitan_semi_sync_config():
 
 def test_sweep_points_with_different_ft_keys_do_not_leak_into_each_other():
     """A point's dotted override (ft.fragments) once changed the base's ft section for every later point."""
-    from workbench.sweep import validate_points
+    from workbench.experiments.sweep import validate_points
 
     base = load_spec("algorithms", ["ft.algorithm=diloco"])
     specs = validate_points(base, [
@@ -282,19 +282,19 @@ def test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung(sta
     run = start_run("algorithms", ["ft.algorithm=diloco", "ft.sync_every=10", "replicas=3", "min_replicas=3",
                                    "model.step_delay_s=0.1", "heartbeat_s=0.3", "hang.timeout_s=1.5",
                                    "torchft.pg_timeout_ms=8000", "steps=100000", "faults=[]"])
-    committed = lambda r: [s for s in r._events if s["kind"] == "sync" and s.get("committed")
+    committed = lambda r: [s for s in r.events_read if s["kind"] == "sync" and s.get("committed")
                            and s.get("participants") == 3 and not s.get("join")]
     run.wait_for(lambda r: len(committed(r)) >= 3, timeout=120)  # every group past its join
     # Stop group 2 three inner steps into a window: its peers have seven steps left before the sync.
-    n = len(run._events)
+    n = len(run.events_read)
     run.wait_for(lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 10 == 3
-                               for e in r._events[n:]), timeout=30)
+                               for e in r.events_read[n:]), timeout=30)
     fault = run.kill(replica=2, how="hang", seconds=5)
     # The sync after the stop: all three commit it once group 2 runs again.
     run.wait_for(lambda r: any(s["t"] > fault["t"] + 5 for s in committed(r)), timeout=60)
-    waited = [e for e in run._events if e["kind"] == "heartbeat" and e.get("waiting") == "sync"
+    waited = [e for e in run.events_read if e["kind"] == "heartbeat" and e.get("waiting") == "sync"
               and e.get("replica") in (0, 1) and fault["t"] + 2 < e["t"] < fault["t"] + 5]
-    hangs = [e for e in run._events if e["kind"] == "hang"]
+    hangs = [e for e in run.events_read if e["kind"] == "hang"]
     run.stop(timeout=20)
     assert {e["replica"] for e in waited} == {0, 1}  # both peers sat in the sync while group 2 was stopped
     assert [h["target"] for h in hangs] == [2], hangs
@@ -312,12 +312,12 @@ def test_a_group_frozen_mid_window_holds_its_peers_at_the_next_sync_unless_it_ca
     run = start_run("algorithms", ["ft.algorithm=diloco", "ft.sync_every=40", "replicas=3", "min_replicas=2",
                                    "model.step_delay_s=0.1", "heartbeat_s=0.3", "torchft.pg_timeout_ms=8000",
                                    "steps=100000", "faults=[]", f"ft.catch_up={str(catch_up).lower()}"])
-    syncs = lambda r, replicas: [s for s in r._events if s["kind"] == "sync" and s.get("replica") in replicas
+    syncs = lambda r, replicas: [s for s in r.events_read if s["kind"] == "sync" and s.get("replica") in replicas
                                  and s.get("committed") and not s.get("join")]
     run.wait_for(lambda r: len([s for s in syncs(r, (0, 1, 2)) if s.get("participants") == 3]) >= 3, timeout=120)
-    n = len(run._events)
+    n = len(run.events_read)
     run.wait_for(lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 40 == 5
-                               for e in r._events[n:]), timeout=30)
+                               for e in r.events_read[n:]), timeout=30)
     fault = run.kill(replica=2, how="hang", seconds=2)
     after = lambda r: [s for s in syncs(r, (0, 1, 2)) if s["t"] > fault["t"] + 2]
     run.wait_for(lambda r: {s["replica"] for s in after(r)} == {0, 1, 2}, timeout=60)
@@ -337,8 +337,9 @@ def test_the_comparison_table_leaves_out_a_window_a_sync_voted_down(tmp_path):
     """One DiLoCo group syncing every 3 steps: the sync at 3 kept steps 1–3 (loss 2.0); the one at 6
     was voted down, so 4–6 (loss 0.5, each provisionally ``committed``) were thrown away and are in
     neither the final loss nor the step rate."""
-    from workbench import compare, rundir
-    from workbench.events import EventWriter
+    from workbench.analysis import compare
+    from workbench.run import rundir
+    from workbench.events.log import EventWriter
 
     run_dir = rundir.create(tmp_path, "20250101-000000-vote-abcdef",
                             load_spec("algorithms", ["ft.algorithm=diloco", "replicas=1", "min_replicas=1"]).to_dict())
@@ -362,16 +363,16 @@ def test_a_kill_inside_a_syncs_allreduce_fails_every_peer_at_once_when_the_faile
     ``pg_timeout_ms`` (20 s here)."""
     run = start_run("algorithms", ["replicas=4", "min_replicas=2", "ft.sync_every=10", "torchft.pg_timeout_ms=20000",
                                    "steps=100000", "faults=[]", f"torchft.drop_failed_pg={str(drop).lower()}"])
-    together = lambda r, replica: [s for s in _syncs(r._events, replica) if s.get("committed")
+    together = lambda r, replica: [s for s in _syncs(r.events_read, replica) if s.get("committed")
                                    and s.get("participants") == 4 and not s.get("join")]
     run.wait_for(lambda r: all(len(together(r, g)) >= 2 for g in range(4)), timeout=180)
     run.kill(replica=3, how="kill_in_allreduce")
-    killed = lambda r: [e for e in r._events if e["kind"] == "fault" and e.get("action") == "kill_in_allreduce"]
+    killed = lambda r: [e for e in r.events_read if e["kind"] == "fault" and e.get("action") == "kill_in_allreduce"]
     run.wait_for(lambda r: killed(r), timeout=30)
     fault = killed(run)[0]
-    run.wait_for(lambda r: all(_syncs(r._events, g, 0, fault["t"]) for g in range(3)), timeout=60)
-    held = [e for e in run._events if e["kind"] == "held" and e.get("replica") == 3 and not e.get("released")]
-    first = {g: _syncs(run._events, g, 0, fault["t"])[0] for g in range(3)}
+    run.wait_for(lambda r: all(_syncs(r.events_read, g, 0, fault["t"]) for g in range(3)), timeout=60)
+    held = [e for e in run.events_read if e["kind"] == "held" and e.get("replica") == 3 and not e.get("released")]
+    first = {g: _syncs(run.events_read, g, 0, fault["t"])[0] for g in range(3)}
     run.stop(timeout=20)
     assert len(held) == 1 and held[0]["t"] < fault["t"], held  # the kill came while group 3 held
     assert not any(s["committed"] for s in first.values()), first  # the round the kill broke is voted down

@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from workbench import breakeven as be
-from workbench.events import EventReader, EventWriter
-from workbench.spec_load import load_spec
+from workbench.analysis import breakeven as be
+from workbench.events.log import EventReader, EventWriter
+from workbench.spec.load import load_spec
 
 BASE = 1_000_000.0
 BATCH = 8

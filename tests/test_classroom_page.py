@@ -5,9 +5,10 @@ from __future__ import annotations
 
 import pytest
 
-from workbench import classroom, rundir
-from workbench.cli import main
-from workbench.spec_load import load_spec
+from workbench.apps import classroom
+from workbench.run import rundir
+from workbench.apps.cli import main
+from workbench.spec.load import load_spec
 from workbench.widgets import Dashboard
 
 

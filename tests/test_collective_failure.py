@@ -1,4 +1,4 @@
-"""The one-timeout rule for a collective (``workbench.trainers.collective_failure.pg_timeout_only``), with
+"""The one-timeout rule for a collective (``workbench.trainers.torchft.collective_failure.pg_timeout_only``), with
 torchft's own ``future_timeout`` and torch futures, in a fresh interpreter (torchft's timer thread stays there)."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import sys
 SCRIPT = """
 from datetime import timedelta
 import torch, torchft.manager
-from workbench.trainers import collective_failure
+from workbench.trainers.torchft import collective_failure
 
 collective_failure.pg_timeout_only(timedelta(seconds=1))
 longer = torch.futures.Future()

@@ -14,7 +14,7 @@ from datetime import timedelta
 
 import pytest
 
-from workbench.trainers.commit_vote import LocalVoteClient, install
+from workbench.trainers.torchft.commit_vote import LocalVoteClient, install
 
 
 def test_local_vote_answers_as_torchfts_server_for_one_rank():

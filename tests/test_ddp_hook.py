@@ -47,8 +47,8 @@ SCRIPT = PRELUDE + r"""
 import threading
 from torchft import DistributedDataParallel, Optimizer
 from torchft.manager import WorldSizeMode
-from workbench.trainers.ddp_hook import lean_ddp
-from workbench.trainers.tiny_decoder import build_model, make_batch
+from workbench.trainers.torchft.ddp_hook import lean_ddp
+from workbench.trainers.lite.model import build_model, make_batch
 
 torch.set_num_threads(1)
 M = dict(vocab_size=64, dim=32, layers=1, heads=2, seq_len=8, batch_size=4, lr=1e-2)
@@ -102,7 +102,7 @@ os._exit(0)
 
 FAILING = PRELUDE + r"""
 import logging
-from workbench.trainers.ddp_hook import allreduce_and_wait, sum_options
+from workbench.trainers.torchft.ddp_hook import allreduce_and_wait, sum_options
 
 records = []
 class Keep(logging.Handler):

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from workbench.drill import drill
+from workbench.cluster.slurm.drill import drill
 
 from .conftest import local_slurm, slurm_prerequisites
 

@@ -11,7 +11,7 @@ import json
 import pytest
 
 from workbench import analysis
-from workbench.procs import alive as _alive
+from workbench.cluster.procs import alive as _alive
 
 from .conftest import workbench_cli
 
@@ -31,7 +31,7 @@ def test_kill_one_replica_survivors_keep_training_and_victim_heals(start_run):
     kill = run.kill(replica=1)
     killed_pid = kill["pid"]
     survivors_step_at_kill = max(
-        analysis.max_committed_step(run._events, 0), analysis.max_committed_step(run._events, 2)
+        analysis.max_committed_step(run.events_read, 0), analysis.max_committed_step(run.events_read, 2)
     )
     status = run.wait(timeout=300)
     assert status["state"] == "completed", status
@@ -104,8 +104,8 @@ def test_hang_is_recorded_and_resumed_and_stop_cleans_up(start_run):
     run = start_run("demo", ["steps=100000", "faults=[]", "replicas=2", "min_replicas=1"])
     run.wait_for_step(20, timeout=180)
     run.kill(replica=0, how="hang", seconds=1.5)
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("action") == "resume" for e in r._events), 30)
-    step_after_resume = analysis.max_committed_step(run._events, 0)
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("action") == "resume" for e in r.events_read), 30)
+    step_after_resume = analysis.max_committed_step(run.events_read, 0)
     run.wait_for_step(step_after_resume + 10, replica=0, timeout=60)
     pids = run.pids()
     assert len(pids) >= 4  # controller, lighthouse, two trainers

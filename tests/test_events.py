@@ -4,7 +4,7 @@ import json
 import shutil
 import threading
 
-from workbench.events import EventReader, EventWriter
+from workbench.events.log import EventReader, EventWriter
 
 
 def test_torn_last_line_is_read_once_complete(tmp_path):

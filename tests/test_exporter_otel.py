@@ -3,10 +3,11 @@ written by hand: the same fold as the Prometheus endpoint, collected again as th
 
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
-from workbench import exporter, rundir
-from workbench.events import EventWriter
-from workbench.run import attach
-from workbench.spec_load import load_spec
+from workbench.apps import exporter
+from workbench.run import rundir
+from workbench.events.log import EventWriter
+from workbench.run.handle import attach
+from workbench.spec.load import load_spec
 
 
 def _points(reader) -> dict:

@@ -17,7 +17,7 @@ import pytest
 import submitit
 
 from tests.conftest import kill_pids
-from workbench.cluster.forkserver import ForkExecutor, ForkServer
+from workbench.cluster.local.forkserver import ForkExecutor, ForkServer
 
 SERVER_IMPORT_S = 120  # a generous bound for torch + torchft imports on a loaded 2-core machine
 
@@ -117,7 +117,7 @@ def test_cancel_escalates_to_sigkill_and_the_child_is_reaped(server, tmp_path):
 def test_the_server_refuses_to_fork_with_a_thread_or_a_listener():
     code = (
         "import socket, threading, time\n"
-        "from workbench.cluster.forkserver import fork_safety\n"
+        "from workbench.cluster.local.forkserver import fork_safety\n"
         "print(fork_safety())\n"
         "s = socket.socket(); s.bind(('127.0.0.1', 0)); s.listen()\n"
         "print(fork_safety()); s.close()\n"
@@ -143,10 +143,10 @@ def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(s
                              "torchft.rust_log": "info"})
     run.wait_for_step(20, timeout=120)
     server = next(p for p in psutil.Process(run._controller.pid).children()
-                  if "workbench.cluster.forkserver" in " ".join(p.cmdline()))
+                  if "workbench.cluster.local.forkserver" in " ".join(p.cmdline()))
     fault = run.kill(replica=1)
     run.wait_for(lambda r: any(e["kind"] == "step" and e["replica"] == 1 and e["attempt"] == 1
-                               and e.get("participating") and e.get("committed") for e in r._events), 120)
+                               and e.get("participating") and e.get("committed") for e in r.events_read), 120)
     events = run.event_records()
 
     starts = {(e["replica"], e["attempt"]): e for e in events if e["kind"] == "start" and e.get("replica") is not None}

@@ -6,7 +6,7 @@ import math
 import pytest
 
 from workbench import analysis
-from workbench.spec_load import load_spec
+from workbench.spec.load import load_spec
 
 from .test_recovery_timeline import hand_log
 

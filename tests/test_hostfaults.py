@@ -1,4 +1,4 @@
-"""Faults done to the machine (workbench.hostfaults): injected, undone, and never outliving their fault."""
+"""Faults done to the machine (workbench.faults.host): injected, undone, and never outliving their fault."""
 
 import subprocess
 import uuid
@@ -6,8 +6,10 @@ from pathlib import Path
 
 import pytest
 
-from workbench import analysis, faultkinds, hostfaults
-from workbench.procs import Proc
+from workbench import analysis
+from workbench.faults import kinds as faultkinds
+from workbench.faults import host as hostfaults
+from workbench.cluster.procs import Proc
 
 pytestmark = pytest.mark.slow
 
@@ -17,7 +19,7 @@ def _cgroup_of(pid: int, controller: str) -> str:
 
 
 def _steps(run, replica, t0, t1=float("inf")):
-    return [e for e in run._events if e["kind"] == "step" and e.get("replica") == replica and e.get("committed")
+    return [e for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica and e.get("committed")
             and t0 <= e["t"] < t1]
 
 
@@ -33,17 +35,17 @@ def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_lea
     assert group.name == f"wbn-{run.id}-r1-straggler" and pid in fault["pids"]
     assert (group / "cpu.cfs_quota_us").read_text().strip() == "25000"
     assert pid in {int(p) for p in (group / "cgroup.procs").read_text().split()}
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "straggler" for e in r._events), timeout=30)
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "straggler" for e in r.events_read), timeout=30)
     assert not group.exists() and _cgroup_of(pid, "cpu") == before["cpu"]
 
-    run.wait_for_step(analysis.max_committed_step(run._events, 1) + 5, replica=1, timeout=60)
+    run.wait_for_step(analysis.max_committed_step(run.events_read, 1) + 5, replica=1, timeout=60)
     fault = run.kill(replica=1, how="freeze", seconds=3)
     group = Path(fault["cgroup"])
     assert (group / "freezer.state").read_text().strip() in ("FREEZING", "FROZEN")
     assert run.status()["replicas"]["1"]["state"] == "hung"
-    resumed = run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "freeze" for e in r._events),
+    resumed = run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "freeze" for e in r.events_read),
                            timeout=30)
-    resume = next(e for e in resumed._events if e.get("resumed") == "freeze")
+    resume = next(e for e in resumed.events_read if e.get("resumed") == "freeze")
     assert not group.exists() and _cgroup_of(pid, "freezer") == before["freezer"]
     # Frozen means no step of its own in between; thawed, the same process steps on.
     assert _steps(run, 1, fault["t"] + 0.5, resume["t"] - 0.05) == []

@@ -56,7 +56,7 @@ def test_hostile_yaml_files(tmp_path, text, needle):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "workbench.cli", *args], capture_output=True, text=True, cwd=REPO,
+    return subprocess.run([sys.executable, "-m", "workbench.apps.cli", *args], capture_output=True, text=True, cwd=REPO,
                           timeout=120)
 
 
@@ -82,7 +82,7 @@ def test_bad_cli_arguments_fail_with_one_line(args, run_root, tmp_path):
 
 
 def test_kill_on_a_finished_or_unknown_replica_is_refused(tmp_path):
-    from workbench import rundir
+    from workbench.run import rundir
 
     run_dir = rundir.create(tmp_path, "fake", wb.load_spec("demo").to_dict())
     run = wb.attach(run_dir)

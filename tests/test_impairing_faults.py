@@ -10,7 +10,7 @@ Two groups step once a second. Times are binary fractions, so every difference i
 
 
 from workbench import analysis
-from workbench.runstate import RunState
+from workbench.state.fold import RunState
 
 
 def _log() -> list:
@@ -63,7 +63,7 @@ def test_node_health_samples_a_busy_process_and_its_memory():
     import subprocess
     import sys
 
-    from workbench import nodehealth
+    from workbench.controller import nodehealth
 
     busy = subprocess.Popen([sys.executable, "-c", "import time\nx = bytearray(64 << 20)\nt = time.time()\n"
                              "while time.time() - t < 30: pass"])

@@ -41,7 +41,7 @@ def test_kernel_killed_mid_run_then_attach_kill_and_stop(run_root, tmp_path):
         assert any(e["kind"] == "start" and e.get("role") == "controller" for e in events)  # full history
         fault = run.kill(replica=1)
         run.wait_for(lambda r: any(e["kind"] == "heal" and e["replica"] == 1 and e["t"] > fault["t"]
-                                   for e in r._events), timeout=180)
+                                   for e in r.events_read), timeout=180)
         assert run.stop()["state"] == "stopped"
         assert run.pids() == []
     finally:

@@ -18,7 +18,7 @@ def test_lighthouse_killed_mid_run_and_a_replica_killed_while_it_is_down(start_r
                              "lighthouse.restart_delay_s": 4.0})
     run.wait_for_step(150, timeout=240)
     run.fault("lighthouse_kill")
-    run.wait_for(lambda r: any(e["kind"] == "lighthouse" and e["state"] == "down" for e in r._events), 10)
+    run.wait_for(lambda r: any(e["kind"] == "lighthouse" and e["state"] == "down" for e in r.events_read), 10)
     run.kill(replica=1)
     status = run.wait(timeout=400)
     assert status["state"] == "completed", status
@@ -52,7 +52,7 @@ def test_a_restart_that_finds_its_port_taken_is_retried_and_the_run_goes_on(star
     run = start_run("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 600,
                              "lighthouse.restart_delay_s": 1.0})
     run.wait_for_step(100, timeout=240)
-    address = urlparse(next(e for e in run._events if e["kind"] == "lighthouse")["address"])
+    address = urlparse(next(e for e in run.events_read if e["kind"] == "lighthouse")["address"])
     run.fault("lighthouse_kill")
     squatter = socket.socket()
     squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -67,7 +67,7 @@ def test_a_restart_that_finds_its_port_taken_is_retried_and_the_run_goes_on(star
     squatter.listen(1)
     try:
         def failed_restarts(r):
-            return [e for e in r._events if e["kind"] == "warning" and "lighthouse restart" in e.get("message", "")]
+            return [e for e in r.events_read if e["kind"] == "warning" and "lighthouse restart" in e.get("message", "")]
 
         run.wait_for(lambda r: len(failed_restarts(r)) >= 2, timeout=20)  # tried, backed off, tried again
     finally:
@@ -75,5 +75,5 @@ def test_a_restart_that_finds_its_port_taken_is_retried_and_the_run_goes_on(star
         held_until = time.time()
     status = run.wait(timeout=300)
     assert status["state"] == "completed", status
-    ups = [e for e in run._events if e["kind"] == "lighthouse" and e["state"] == "up"]
+    ups = [e for e in run.events_read if e["kind"] == "lighthouse" and e["state"] == "up"]
     assert len(ups) == 2 and ups[1]["address"] == ups[0]["address"] and ups[1]["t"] > held_until

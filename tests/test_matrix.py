@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
-from workbench import faultkinds
-from workbench.armed import Triggers
-from workbench.fault_matrix import OUTCOMES, attach_matrix, plan
-from workbench.runstate import RunState
-from workbench.spec import SpecError
+from workbench.faults import kinds as faultkinds
+from workbench.faults.armed import Triggers
+from workbench.experiments.matrix import OUTCOMES, attach_matrix, plan
+from workbench.state.fold import RunState
+from workbench.spec.models import SpecError
 
 from .conftest import kill_pids
 

@@ -14,8 +14,8 @@ import subprocess
 import psutil
 import pytest
 
-from workbench.trainers import maxtext_command
-from workbench.trainers.maxtext_command import JobLayout
+from workbench.trainers.maxtext import command as maxtext_command
+from workbench.trainers.maxtext.command import JobLayout
 
 from .conftest import kill_pids
 
@@ -50,7 +50,7 @@ def test_two_jobs_on_one_first_node_start_their_coordinators_on_different_ports(
                     maxtext_command.coordinator_port(job_id)))
                 env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(tmp_path), WORKBENCH_WRAPPER_PID=str(os.getpid()),
                            WORKBENCH_MAXTEXT_MODULE="probe")
-                p = subprocess.Popen([str(maxtext_command.maxtext_python()), "-c", maxtext_command.LAUNCHER],
+                p = subprocess.Popen([str(maxtext_command.maxtext_python()), str(maxtext_command.LAUNCHER)],
                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
                 procs.append(p)
                 ranks.append(p)

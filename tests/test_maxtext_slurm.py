@@ -19,10 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from workbench.cluster import slurm, slurm_client
+from workbench.cluster.slurm import backend as slurm
+from workbench.cluster.slurm import client as slurm_client
 from workbench.devcluster import netns
-from workbench.spec import SpecError
-from workbench.trainers import maxtext_command
+from workbench.spec.models import SpecError
+from workbench.trainers.maxtext import command as maxtext_command
 
 from .conftest import committed_before, local_slurm, slurm_prerequisites, slurm_submitter
 
@@ -54,7 +55,7 @@ def submit(cluster, run_root):
 
 
 def of_attempt(run, kind: str, attempt: int) -> list[dict]:
-    return [e for e in run._events if e["kind"] == kind and e.get("replica") == 0 and e.get("attempt") == attempt]
+    return [e for e in run.events_read if e["kind"] == kind and e.get("replica") == 0 and e.get("attempt") == attempt]
 
 
 def phase(run, name: str, attempt: int) -> dict | None:
@@ -129,7 +130,7 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
     first = phase(run, "first_step", 1)
     print(f"\nMaxText 2 processes: node_down -> first step {first['t'] - fault['t']:.1f} s")
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r._events), 60)
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r.events_read), 60)
     assert run.stop(timeout=60)["state"] == "stopped"
 
 
@@ -145,7 +146,7 @@ def test_lost_task_ends_the_job_at_once_and_it_resumes_from_its_last_checkpoint(
     restored = run.wait_for(lambda r: phase(r, "restored", 1), timeout=START_TIMEOUT_S) and phase(run, "restored", 1)
     start1 = of_attempt(run, "start", 1)[0]
     assert start1["job_id"] != start0["job_id"] and start1["world_size"] == 2
-    ended = next(e for e in run._events if e["kind"] == "job" and e.get("attempt") == 0)
+    ended = next(e for e in run.events_read if e["kind"] == "job" and e.get("attempt") == 0)
     assert ended["clean"] is False
     # srun --kill-on-bad-exit ended the job; JAX's own heartbeat timeout (100 s) never had to.
     rank0 = (Path(run.run_dir) / "maxtext" / "attempt-0.log").read_text()

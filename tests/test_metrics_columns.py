@@ -10,7 +10,7 @@ import pandas as pd
 
 import workbench as wb
 from workbench.analysis import StepColumns, metrics_frame
-from workbench.events import EventReader
+from workbench.events.log import EventReader
 
 
 def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_malformed_line(start_run, run_root, tmp_path):
@@ -44,9 +44,9 @@ def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_ma
 
 def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp_path):
     """A live run is read a poll at a time; fields that only some polls carry keep the dtype one read gives."""
-    from workbench import rundir
-    from workbench.events import EventWriter
-    from workbench.spec_load import load_spec
+    from workbench.run import rundir
+    from workbench.events.log import EventWriter
+    from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "inc", load_spec("demo", {"faults": []}).to_dict())
     writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="inc", replica=r, attempt=0) for r in range(3)]
@@ -74,9 +74,9 @@ def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp
 def test_columnar_metrics_keep_list_fields_and_time_order_across_files_written_out_of_order(tmp_path):
     """List fields of varying length (ints, floats, bools, empty) and files whose times interleave,
     equal t across files included: the merged columns equal the dict path's frame, poll after poll."""
-    from workbench import rundir
-    from workbench.events import EventWriter
-    from workbench.spec_load import load_spec
+    from workbench.run import rundir
+    from workbench.events.log import EventWriter
+    from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "lists", load_spec("demo", {"faults": []}).to_dict())
     writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="lists", replica=r, attempt=0) for r in range(3)]
@@ -102,10 +102,10 @@ def test_a_reader_starts_from_the_controllers_index_and_ignores_one_it_cannot_tr
     """``analysis.step_index``: the rows read back equal the dict path's (strings with gaps, a field that
     appears late, lists of any length, a null, a NaN loss), the bytes after the index are parsed, and an
     index that is corrupt or ahead of a file is not used."""
-    from workbench import rundir
+    from workbench.run import rundir
     from workbench.analysis import step_index
-    from workbench.events import EventWriter
-    from workbench.spec_load import load_spec
+    from workbench.events.log import EventWriter
+    from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "idx", load_spec("demo", {"faults": []}).to_dict())
     writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="idx", replica=r, attempt=0) for r in range(2)]

@@ -21,8 +21,8 @@ import pytest
 
 from workbench import devcluster
 from workbench.devcluster import netns
-from workbench.events import EventReader, EventWriter
-from workbench.runstate import RunState
+from workbench.events.log import EventReader, EventWriter
+from workbench.state.fold import RunState
 
 from .conftest import (
     REPO, assert_slurmds_listen_on_their_nodes, local_slurm, slurmd_pids, tcp_listeners, workbench_cli,
@@ -122,12 +122,12 @@ _TWO_RANKS = """
 import os, sys, threading, torch, torch.distributed as dist
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
-from workbench.trainers import titan_cpu
+from workbench.trainers.titan import cpu_patches as titan_cpu
 if titan_cpu.needed():
     titan_cpu.apply()
 from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.models.common.linear import Linear
-from workbench.trainers.titan_rank import load_local_model_state, local_model_state
+from workbench.trainers.titan.rank import load_local_model_state, local_model_state
 
 def within(fn, seconds):
     done = []
@@ -333,7 +333,7 @@ def test_up_puts_each_node_in_its_own_namespace(cluster):
 
 @needs_cluster
 def test_node_address_is_slurms_nodeaddr(cluster, monkeypatch):
-    from workbench.cluster.slurm_client import node_address
+    from workbench.cluster.slurm.client import node_address
 
     monkeypatch.setenv("SLURM_CONF", cluster["slurm_conf"])
     assert node_address("n3") == cluster["network"]["nodes"]["n3"]
@@ -344,7 +344,7 @@ def test_node_address_is_slurms_nodeaddr(cluster, monkeypatch):
 # -- titan over two nodes per group ----------------------------------------------
 def _participating(run, replica: int, attempt: int, n: int = 1):
     def check(r) -> bool:
-        return sum(1 for e in r._events if e["kind"] == "step" and e.get("replica") == replica
+        return sum(1 for e in r.events_read if e["kind"] == "step" and e.get("replica") == replica
                    and e.get("attempt") == attempt and e.get("committed") and e.get("participating")) >= n
     return check
 
@@ -354,7 +354,7 @@ HEAD_DAEMONS = ("slurmctld", "slurmdbd", "mariadbd", "munged")
 
 def _ready(run, replica: int) -> bool:
     return any(e["kind"] == "phase" and e.get("phase") == "manager_ready" and e.get("replica") == replica
-               for e in run._events)
+               for e in run.events_read)
 
 
 def _two_node_titan(start_run):
@@ -429,13 +429,13 @@ def test_titan_group_over_two_nodes_killed_heals_across_the_bridge(cluster, star
     fault = run.kill(0)
     run.wait_for(_participating(run, 0, 1, 1), timeout=300)
     after = {n: netns.link_bytes(n) for n in nodes}
-    heal = next(e for e in run._events if e["kind"] == "heal" and e.get("replica") == 0 and e.get("attempt") == 1)
+    heal = next(e for e in run.events_read if e["kind"] == "heal" and e.get("replica") == 0 and e.get("attempt") == 1)
     source = next(n for n, a in nodes.items() if a == heal["served_from"])
     assert source in placement1, (heal, placement1)
     assert heal["interface"] == netns.node_link(run.run_state.nodes.placement(0, 1)[0].node), heal
     sent = after[source]["sent"] - before[source]["sent"]
     assert heal["bytes"] > 1_000_000 and sent >= heal["bytes"], (heal["bytes"], sent)
-    rejoin = min(e["t"] for e in run._events if e["kind"] == "step" and e.get("replica") == 0
+    rejoin = min(e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == 0
                  and e.get("attempt") == 1 and e.get("committed") and e.get("participating")) - fault["t"]
     print(f"\n2-node titan group: kill -> participating {rejoin:.1f} s; heal {heal['bytes'] / 1e6:.1f} MB "
           f"from {heal['served_from']} via {heal['interface']}; {source}'s link sent {sent / 1e6:.1f} MB meanwhile")

@@ -18,7 +18,7 @@ import pytest
 from nbclient import NotebookClient
 
 from workbench import attach
-from workbench.trainers import maxtext_command
+from workbench.trainers.maxtext import command as maxtext_command
 
 from .conftest import committed_before, kill_pids
 
@@ -187,7 +187,7 @@ def test_what_if_at_scale_notebook_runs_headless(run_root):
 @pytest.mark.slurm
 @pytest.mark.skipif(os.geteuid() != 0, reason="the dev cluster's slurmd runs jobs as root")
 def test_fault_matrix_notebook_runs_headless(run_root, tmp_path):
-    from workbench.fault_matrix import attach_matrix
+    from workbench.experiments.matrix import attach_matrix
 
     from .conftest import local_slurm
 
@@ -221,7 +221,7 @@ def test_fault_matrix_notebook_runs_headless(run_root, tmp_path):
 @pytest.mark.slurm
 def test_network_faults_notebook_runs_headless(run_root, tmp_path, monkeypatch):
     """A partition of group 1's node and a straggler on the dev Slurm cluster, checked from the events alone."""
-    from workbench import hostfaults
+    from workbench.faults import host as hostfaults
 
     from .conftest import local_slurm
 

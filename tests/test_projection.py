@@ -7,8 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from workbench.projection import (CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection, daly_period,
-                                  young_period)
+from workbench.projection import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection, daly_period, young_period
 from workbench.projection import sources
 from workbench.projection.calibrate import calibrate, reproduce
 from workbench.projection.figures import crossings, scale_figure, vs_scale

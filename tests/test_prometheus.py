@@ -22,7 +22,7 @@ import urllib.request
 
 import pytest
 
-from workbench.lighthouse import free_port
+from workbench.controller.lighthouse import free_port
 
 from .conftest import REPO
 
@@ -82,7 +82,7 @@ def test_prometheus_scrapes_a_live_run(start_run, tmp_path):
     if prometheus is None:
         pytest.skip("Debian's prometheus is not installed (make prometheus-pkg)")
     run = start_run("demo", ["steps=100000", "faults=[]", "replicas=2", "min_replicas=1"])
-    with _started([sys.executable, "-m", "workbench.cli", "serve-metrics", str(run.run_dir), "--port", "0"],
+    with _started([sys.executable, "-m", "workbench.apps.cli", "serve-metrics", str(run.run_dir), "--port", "0"],
                   stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO) as exporter:
         line = exporter.stdout.readline()
         assert "/metrics" in line, line

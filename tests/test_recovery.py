@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from workbench import analysis
-from workbench.soak import unexplained_crashes
+from workbench.experiments.soak import unexplained_crashes
 
 pytestmark = pytest.mark.slow
 
@@ -55,9 +55,9 @@ def test_a_sigstopped_replica_is_detected_as_hung_within_the_window(start_run):
                              "hang.timeout_s": 2.0})
     run.wait_for_step(30, replica=1, timeout=180)  # the group to hang must have committed (under load it starts late)
     fault = run.kill(replica=1, how="hang", seconds=8)
-    run.wait_for(lambda r: any(e["kind"] == "hang" and e.get("target") == 1 for e in r._events), timeout=30)
-    hang = next(e for e in run._events if e["kind"] == "hang" and e.get("target") == 1)
-    last_step = max(e["t"] for e in run._events if e["kind"] == "step" and e["replica"] == 1 and e["t"] < fault["t"])
+    run.wait_for(lambda r: any(e["kind"] == "hang" and e.get("target") == 1 for e in r.events_read), timeout=30)
+    hang = next(e for e in run.events_read if e["kind"] == "hang" and e.get("target") == 1)
+    last_step = max(e["t"] for e in run.events_read if e["kind"] == "step" and e["replica"] == 1 and e["t"] < fault["t"])
     # Reported once the peer has moved on without it: a dead peer holds the survivor up for
     # about the process-group plus heartbeat timeouts (1 s each here).
     assert 2.0 <= hang["seconds_without_progress"] < 2.0 + 2.0

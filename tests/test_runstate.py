@@ -10,10 +10,11 @@ import subprocess
 import pytest
 
 import workbench as wb
-from workbench import procs, rundir
-from workbench.events import EventReader, EventWriter
-from workbench.runstate import RunState
-from workbench.spec_load import load_spec
+from workbench.cluster import procs
+from workbench.run import rundir
+from workbench.events.log import EventReader, EventWriter
+from workbench.state.fold import RunState
+from workbench.spec.load import load_spec
 
 
 @pytest.fixture

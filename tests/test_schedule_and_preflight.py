@@ -4,10 +4,10 @@ import numpy as np
 import pytest
 
 import workbench as wb
-from workbench import schedule
-from workbench.spec import CONFIG_DIR, ChaosSpec
-from workbench.spec_load import load_spec
-from workbench.preflight import preflight
+from workbench.spec import schedule
+from workbench.spec.models import CONFIG_DIR, ChaosSpec
+from workbench.spec.load import load_spec
+from workbench.spec.preflight import preflight
 
 
 def test_same_seed_same_fault_times_different_seed_different():

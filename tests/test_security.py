@@ -43,7 +43,7 @@ def _assert_on_loopback(listeners) -> None:
 
 def test_every_listener_of_a_local_run_is_on_loopback_and_it_still_heals(start_run):
     run = start_run("demo", {"faults": [{"action": "kill", "target": 1, "at_step": 60}], "steps": 100000})
-    run.wait_for(lambda r: any(e["kind"] == "heal" for e in r._events), timeout=240)
+    run.wait_for(lambda r: any(e["kind"] == "heal" for e in r.events_read), timeout=240)
     run.wait_for_step(analysis_step(run) + 20, timeout=60)
     listeners = _listeners(run.pids())
     # the lighthouse, and per replica group at least its store, Manager gRPC and checkpoint HTTP servers
@@ -57,7 +57,7 @@ def test_every_listener_of_a_local_titan_run_is_on_loopback_and_it_still_heals(s
     pytest.importorskip("torchtitan")
     run = start_run("titan-cpu", {"faults": [{"action": "kill", "target": 1, "at_step": 3}], "steps": 100000,
                                   "titan.overrides": {"training.seq_len": 128}})
-    healed = lambda r: any(e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1 for e in r._events)  # noqa: E731
+    healed = lambda r: any(e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1 for e in r.events_read)  # noqa: E731
     run.wait_for(lambda r: healed(r) or r.state() in ("completed", "failed", "stopped"), timeout=900)
     assert run.state() == "running", run.status()
     run.wait_for_step(analysis_step(run) + 2, timeout=300)
@@ -73,7 +73,7 @@ def test_every_listener_of_a_local_titan_run_is_on_loopback_and_it_still_heals(s
 @pytest.mark.maxtext
 def test_every_listener_of_a_local_maxtext_run_is_on_loopback(start_run):
     """JAX's coordination service (its preemption notice) binds [::] unless told otherwise."""
-    from workbench.trainers import maxtext_command
+    from workbench.trainers.maxtext import command as maxtext_command
 
     if not maxtext_command.maxtext_python().exists():
         pytest.skip(f"MaxText's environment {maxtext_command.maxtext_python()} is missing: run scripts/setup-maxtext.sh")
@@ -88,7 +88,7 @@ def test_every_listener_of_a_local_maxtext_run_is_on_loopback(start_run):
 def analysis_step(run):
     from workbench import analysis
 
-    return analysis.max_committed_step(run._events)
+    return analysis.max_committed_step(run.events_read)
 
 
 def test_run_directory_and_its_files_are_private(start_run):

@@ -16,8 +16,8 @@ import sys
 import pytest
 
 from workbench import analysis
-from workbench.cluster import slurm
-from workbench.spec import SpecError
+from workbench.cluster.slurm import backend as slurm
+from workbench.spec.models import SpecError
 
 from .conftest import REPO, local_slurm, slurm_prerequisites, slurm_submitter
 
@@ -50,19 +50,19 @@ def queued(conf: str) -> list[str]:
 def rejoined(replica: int, attempt: int, after_steps: int = 5):
     """Predicate: ``attempt`` of ``replica`` committed ``after_steps`` steps while participating."""
     def check(run) -> bool:
-        steps = [e for e in run._events if e["kind"] == "step" and e.get("replica") == replica
+        steps = [e for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
                  and e.get("attempt") == attempt and e.get("committed") and e.get("participating")]
         return len(steps) >= after_steps
     return check
 
 
 def first_participating(run, replica: int, attempt: int) -> float:
-    return min(e["t"] for e in run._events if e["kind"] == "step" and e.get("replica") == replica
+    return min(e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
                and e.get("attempt") == attempt and e.get("committed") and e.get("participating"))
 
 
 def starts(run, replica: int) -> dict[int, dict]:
-    return {e["attempt"]: e for e in run._events
+    return {e["attempt"]: e for e in run.events_read
             if e["kind"] == "start" and e.get("replica") == replica and e.get("role") == "replica"}
 
 
@@ -90,21 +90,21 @@ def test_killed_replica_job_is_resubmitted_heals_and_survivors_lose_nothing(subm
         run.wait_for(rejoined(1, attempt), timeout=240)
 
     run.refresh()
-    jobs = [str(e["job_id"]) for e in run._events if e["kind"] == "submit" and e["replica"] == 1]
+    jobs = [str(e["job_id"]) for e in run.events_read if e["kind"] == "submit" and e["replica"] == 1]
     assert len(jobs) == 4 and len(set(jobs)) == 4  # one Slurm job per attempt, never requeued
-    ended = {e["job_id"]: e for e in run._events if e["kind"] == "job"}
+    ended = {e["job_id"]: e for e in run.events_read if e["kind"] == "job"}
     assert all(not ended[j]["clean"] for j in jobs[:3])
-    heals = [e for e in run._events if e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] >= 1]
+    heals = [e for e in run.events_read if e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] >= 1]
     assert sorted(e["attempt"] for e in heals) == [1, 2, 3]
     last_rejoin = first_participating(run, 1, 3)
-    assert max(e.get("participants") or 0 for e in run._events
+    assert max(e.get("participants") or 0 for e in run.events_read
                if e["kind"] == "step" and e["t"] >= last_rejoin and e.get("committed")) == 3
 
     assert run.summary()["survivor_steps_lost"] == 0, run.summary()
     # From each kill to the replacement's first participating commit. (scancel's SIGKILL arrives
     # asynchronously: the killed attempt may still commit a step after the fault event, so only the
     # next attempt counts as the rejoin.)
-    kills = [e for e in run._events if e["kind"] == "fault" and e.get("action") == "kill"]
+    kills = [e for e in run.events_read if e["kind"] == "fault" and e.get("action") == "kill"]
     rejoin = [first_participating(run, 1, k["attempt"] + 1) - k["t"] for k in kills]
     print(f"\nkill->rejoin on Slurm: {[round(x, 2) for x in rejoin]} s, median {sorted(rejoin)[1]:.2f} s")
     assert all(x > 1 for x in rejoin)
@@ -118,7 +118,7 @@ def test_killed_replica_job_is_resubmitted_heals_and_survivors_lose_nothing(subm
     seen = attached(run.run_dir, "ev = run.events()\nprint(json.dumps({'n': len(ev), 'state': run.state(), "
                                  "'jobs': sorted(ev[ev.kind == 'submit'].job_id.astype(str))}))")
     assert seen == {"n": len(run.events()), "state": "stopped",
-                    "jobs": sorted(str(e["job_id"]) for e in run._events if e["kind"] == "submit")}
+                    "jobs": sorted(str(e["job_id"]) for e in run.events_read if e["kind"] == "submit")}
 
 
 def test_node_down_under_a_replica_group_it_comes_back_on_another_node(submit, cluster):
@@ -130,16 +130,16 @@ def test_node_down_under_a_replica_group_it_comes_back_on_another_node(submit, c
     # A hang (SIGSTOP through Slurm) of the other group, resumed by the detached helper.
     hang = run.kill(replica=0, how="hang", seconds=2)
     assert (hang["job_id"], hang["seconds"]) == (starts(run, 0)[0]["job_id"], 2.0)
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "hang" for e in r._events), 60)
-    run.wait_for_step(analysis.max_committed_step(run._events, 0) + 5, replica=0, timeout=60)
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "hang" for e in r.events_read), 60)
+    run.wait_for_step(analysis.max_committed_step(run.events_read, 0) + 5, replica=0, timeout=60)
     fault = run.fault("node_down", target=1, seconds=5)
     assert (fault["node"], fault["job_id"]) == (before["node"], before["job_id"])
     run.wait_for(rejoined(1, 1), timeout=240)
     after = starts(run, 1)[1]
     assert after["node"] not in (before["node"], starts(run, 0)[0]["node"])
-    assert any(e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] == 1 for e in run._events)
+    assert any(e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] == 1 for e in run.events_read)
     assert run.summary()["survivor_steps_lost"] == 0
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r._events), 60)
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r.events_read), 60)
     assert run.stop()["state"] == "stopped"
 
 
@@ -150,7 +150,7 @@ def test_abort_on_slurm_signals_the_job_and_the_group_comes_back(submit, cluster
     fault = run.kill(replica=1, how="abort")
     assert (fault["action"], fault["job_id"]) == ("abort", starts(run, 1)[0]["job_id"])
     run.wait_for(rejoined(1, 1), timeout=240)
-    ended = next(e for e in run._events if e["kind"] == "job" and e["replica"] == 1 and e["attempt"] == 0)
+    ended = next(e for e in run.events_read if e["kind"] == "job" and e["replica"] == 1 and e["attempt"] == 0)
     assert ended["clean"] is False
     row = analysis.recovery_timeline(run.event_records()).iloc[0]
     assert row["action"] == "abort" and row["complete"], row
@@ -173,7 +173,7 @@ def test_bad_partition_or_account_is_refused_before_anything_is_queued(cluster, 
 
 
 def test_partition_of_a_groups_node_survivors_go_on_it_rejoins_and_no_fault_outlives_the_run(submit, cluster):
-    from workbench import hostfaults
+    from workbench.faults import host as hostfaults
 
     run = submit(BASE + ["replicas=2", "min_replicas=1", "slurm.cpus_per_task=3"])
     run.wait_for_step(20, timeout=240)
@@ -181,12 +181,12 @@ def test_partition_of_a_groups_node_survivors_go_on_it_rejoins_and_no_fault_outl
     assert node != starts(run, 0)[0]["node"]
     fault = run.kill(replica=1, how="partition", seconds=6)
     assert fault["node"] == node and f"wbn-{node}" in hostfaults.links_down()
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "partition" for e in r._events), 60)
-    back = next(e for e in run._events if e.get("resumed") == "partition")
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "partition" for e in r.events_read), 60)
+    back = next(e for e in run.events_read if e.get("resumed") == "partition")
     assert f"wbn-{node}" not in hostfaults.links_down()
 
     def steps(r, replica, lo, hi=float("inf")):
-        return [e for e in r._events if e["kind"] == "step" and e.get("replica") == replica and e.get("committed")
+        return [e for e in r.events_read if e["kind"] == "step" and e.get("replica") == replica and e.get("committed")
                 and e.get("participating", True) and lo < e["t"] < hi]
 
     run.wait_for(lambda r: len(steps(r, 1, back["t"])) >= 5, timeout=240)

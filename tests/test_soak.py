@@ -3,7 +3,7 @@ kills against one run, then every invariant checked from the run directory alone
 
 import pytest
 
-from workbench.soak import check_invariants, soak_mix, soak_spec
+from workbench.experiments.soak import check_invariants, soak_mix, soak_spec
 
 pytestmark = pytest.mark.slow
 
@@ -24,8 +24,8 @@ def test_short_soak_holds_every_invariant(start_run):
 def test_a_soak_is_long_enough_for_its_last_fault_at_its_fastest_step():
     """The chaos schedule is in seconds and the run's length in steps: a run that stepped faster than
     the length was sized for ended with its last faults still due (10 of 12 fired, once)."""
-    from workbench.schedule import materialize
-    from workbench.spec_load import load_spec
+    from workbench.spec.schedule import materialize
+    from workbench.spec.load import load_spec
 
     for faults, mtbf_s, seed in ((12, 5.0, 9), (50, 6.0, 1)):
         spec = soak_spec(faults=faults, mtbf_s=mtbf_s, seed=seed, cluster="local")
@@ -36,8 +36,8 @@ def test_a_soak_is_long_enough_for_its_last_fault_at_its_fastest_step():
 def test_a_crash_of_a_group_that_was_killed_earlier_still_counts(tmp_path):
     """Group 1's first attempt is killed (explained); its second attempt dies with no fault aimed
     at it: a crash, although group 1 was a fault's target once."""
-    from workbench.events import EventReader, EventWriter
-    from workbench.soak import unexplained_crashes
+    from workbench.events.log import EventReader, EventWriter
+    from workbench.experiments.soak import unexplained_crashes
 
     ctl = EventWriter(tmp_path, "controller", run="r")
     control = EventWriter(tmp_path, "control-1", run="r")

@@ -8,8 +8,8 @@ import sys
 import pytest
 
 import workbench as wb
-from workbench.spec_load import load_spec
-from workbench.preflight import preflight
+from workbench.spec.load import load_spec
+from workbench.spec.preflight import preflight
 
 from .conftest import REPO
 
@@ -69,7 +69,7 @@ def test_unwritable_run_root_is_refused(tmp_path):
     mount namespace, since root writes through permission bits."""
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    check = (f"import workbench as wb; from workbench.preflight import preflight; from workbench.spec_load import load_spec\n"
+    check = (f"import workbench as wb; from workbench.spec.preflight import preflight; from workbench.spec.load import load_spec\n"
              f"try:\n    preflight(load_spec('demo', ['run_root={ro}/runs']))\nexcept wb.SpecError as e:\n"
              f"    print(e)")
     argv = [sys.executable, "-c", check]

@@ -19,9 +19,9 @@ import pytest
 from nbclient import NotebookClient
 
 import workbench as wb
-from workbench import compare
-from workbench.replay import replay_spec
-from workbench.sweep import SWEEPS_DIR, expand_points, list_sweeps
+from workbench.analysis import compare
+from workbench.run.replay import replay_spec
+from workbench.experiments.sweep import SWEEPS_DIR, expand_points, list_sweeps
 from workbench.widgets.comparison import ComparisonWidget, active_comparisons
 from workbench.widgets.plot import PLOTLY_MIME
 

@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from workbench import rundir
-from workbench.events import EventReader, EventWriter
-from workbench.spec_load import load_spec
-from workbench.widgets.timeline import STATE_COLORS, Replay, Timeline, fold_until, useful_rate
+from workbench.run import rundir
+from workbench.events.log import EventReader, EventWriter
+from workbench.spec.load import load_spec
+from workbench.analysis.wallclock import STATE_COLORS, Replay, Timeline, fold_until, useful_rate
 
 GROUPS = 16
 
@@ -139,7 +139,7 @@ def test_uncommitted_and_healing_steps_are_not_useful(tmp_path):
 
 def test_live_timeline_follows_the_fold_batch_by_batch(log):
     spec, events, m = log
-    from workbench.runstate import RunState
+    from workbench.state.fold import RunState
 
     run = RunState(spec.replicas, spec.steps)
     tl = Timeline(run, spec.model.batch_size)

@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
-from workbench.trainers import titan_cpu  # noqa: E402
+from workbench.trainers.titan import cpu_patches as titan_cpu# noqa: E402
 
 pytestmark = pytest.mark.titan
 cpu_only = pytest.mark.skipif(not titan_cpu.needed(), reason="the CPU patches apply only without an accelerator")
@@ -49,7 +49,7 @@ def run_python(code: str, timeout: float = 240) -> str:
 def test_no_module_named_triton():
     out = run_python("""
         import sys
-        from workbench.trainers import titan_cpu
+        from workbench.trainers.titan import cpu_patches as titan_cpu
         try:
             import torchtitan.trainer
             print("upstream import works")
@@ -68,7 +68,7 @@ def test_no_module_named_triton():
 def test_device_forced_to_cuda():
     out = run_python("""
         import torch
-        from workbench.trainers import titan_cpu
+        from workbench.trainers.titan import cpu_patches as titan_cpu
         from torchtitan.tools import utils
         assert utils.device_type == "cuda", utils.device_type
         try:
@@ -90,7 +90,7 @@ def test_device_forced_to_cuda():
 @cpu_only
 def test_torch_cpu_has_no_get_device_name():
     out = run_python("""
-        from workbench.trainers import titan_cpu
+        from workbench.trainers.titan import cpu_patches as titan_cpu
         titan_cpu.no_module_named_triton()
         titan_cpu.device_forced_to_cuda()
         from torchtitan.components import metrics
@@ -115,7 +115,7 @@ def test_flex_attention_no_backward_on_cpu():
         import torch
         import torch.nn.functional as F
         from torch.nn.attention.flex_attention import create_block_mask
-        from workbench.trainers import titan_cpu
+        from workbench.trainers.titan import cpu_patches as titan_cpu
         titan_cpu.no_module_named_triton()
         titan_cpu.device_forced_to_cuda()
         from torchtitan.models.common.attention import FlexAttention, get_causal_mask_mod
@@ -149,7 +149,7 @@ def test_barrier_device_ids_and_set_timeout():
         from datetime import timedelta
         import torch
         import torch.distributed as dist
-        from workbench.trainers import titan_cpu
+        from workbench.trainers.titan import cpu_patches as titan_cpu
         titan_cpu.no_module_named_triton()
         titan_cpu.device_forced_to_cuda()
         from torchtitan.distributed import utils as dist_utils
@@ -187,7 +187,7 @@ def test_cannot_use_premul_sum_with_gloo():
 
         def rank_main(rank, port, patched, results):
             from torch.distributed.fsdp import fully_shard
-            from workbench.trainers import titan_cpu
+            from workbench.trainers.titan import cpu_patches as titan_cpu
             titan_cpu.no_module_named_triton()
             titan_cpu.device_forced_to_cuda()
             if patched:
@@ -261,7 +261,7 @@ def test_state_dict_during_forward_mixes_tensor_and_dtensor():
 def test_toml_configs_parse_as_torchtitan_flags():
     out = run_python("""
         import tomllib
-        from workbench.trainers import titan_cpu, titan
+        from workbench.trainers.titan import cpu_patches as titan_cpu; from workbench.trainers.titan import job as titan
         if titan_cpu.needed():
             titan_cpu.apply()
         from torchtitan.config import ConfigManager
@@ -279,7 +279,7 @@ def test_offline_assets(tmp_path, monkeypatch):
     monkeypatch.setenv("WORKBENCH_ASSETS", str(tmp_path))
     from tokenizers import Tokenizer
 
-    from workbench.trainers import titan_assets
+    from workbench.trainers.titan import assets as titan_assets
 
     root = titan_assets.ensure_assets()
     assert titan_assets.ensure_assets() == root

@@ -10,8 +10,8 @@ from collections import Counter
 
 import pytest
 
-from workbench.events import EventWriter, read_all
-from workbench.trainers.torchft_logs import TorchftLogHandler
+from workbench.events.log import EventWriter, read_all
+from workbench.trainers.torchft.logs import TorchftLogHandler
 
 pytestmark = pytest.mark.slow
 

@@ -32,8 +32,8 @@ def test_every_trainer_names_a_module_with_run():
 def test_a_spec_with_spares_is_refused_for_a_trainer_without_them(name):
     """Hot spares exist for torchft-lite only; any other trainer's spec asking for one is refused
     with the trainer that has them named (the table's answer, as a user meets it)."""
-    from workbench.spec import SpecError
-    from workbench.spec_load import load_spec
+    from workbench.spec.models import SpecError
+    from workbench.spec.load import load_spec
 
     if name == "torchft-lite":
         assert load_spec("demo", {"trainer": name, "spares": 1}).spares == 1
@@ -66,7 +66,7 @@ def test_only_committed_checkpoint_names_are_durable(tmp_path):
 def test_weights_checksum_tells_weights_apart_not_copies():
     import torch
 
-    from workbench.trainers.tiny_decoder import build_model
+    from workbench.trainers.lite.model import build_model
 
     m = {"vocab_size": 16, "dim": 8, "seq_len": 4, "heads": 2, "layers": 1}
     torch.manual_seed(0)
@@ -113,7 +113,7 @@ def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first(
 
     import torch.distributed as dist
 
-    from workbench.trainers.group_stop import GroupStop
+    from workbench.trainers.torchft.group_stop import GroupStop
 
     master = dist.TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     world = 3

@@ -8,8 +8,10 @@ import time
 
 import psutil
 
-from workbench import events, rundir, undo
-from workbench.procs import HOST, Proc, start_time
+from workbench.events import log as events
+from workbench.run import rundir
+from workbench.faults import undo
+from workbench.cluster.procs import HOST, Proc, start_time
 
 
 def _wait(predicate, timeout: float):

@@ -58,8 +58,8 @@ def notebook(path: Path, run_dir: Path) -> None:
 
 
 def make_run(root: Path, replicas: int = 2) -> Path:
-    from workbench import rundir
-    from workbench.spec_load import load_spec
+    from workbench.run import rundir
+    from workbench.spec.load import load_spec
 
     spec = load_spec("demo", {"replicas": replicas, "steps": 10**6, "faults": [], "run_root": str(root)})
     return rundir.create(root, "live-plot", spec.to_dict())
@@ -69,7 +69,7 @@ class Feeder:
     """Writes a run's step events as its replica groups would; ``written[step]`` is when each was written."""
 
     def __init__(self, run_dir: Path, replicas: int = 2) -> None:
-        from workbench.events import EventWriter
+        from workbench.events.log import EventWriter
 
         self.controller = EventWriter(run_dir, "controller", run=run_dir.name)
         self.writers = []

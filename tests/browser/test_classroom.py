@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.events import EventWriter
+from workbench.events.log import EventWriter
 
 from .conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, _free_port, _missing, _stop
 from .live_plot_page import JS_PLOTS_FILL
@@ -138,7 +138,7 @@ def browser(tmp_path_factory):
 @pytest.fixture(scope="module")
 def module_run(tmp_path_factory, browser):
     import workbench as wb
-    from workbench.procs import alive
+    from workbench.cluster.procs import alive
 
     root = tmp_path_factory.mktemp("classroom") / "runs"
     old = os.environ.get("WORKBENCH_RUN_ROOT")
@@ -164,7 +164,7 @@ def classroom(*args: str, log: Path):
     """``workbench classroom ARGS --port P`` as a user starts it; yields its printed URL; stopped by PID."""
     port = _free_port()
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "workbench.cli", "classroom", *args, "--port", str(port)],
+        proc = subprocess.Popen([sys.executable, "-m", "workbench.apps.cli", "classroom", *args, "--port", str(port)],
                                 cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, stdin=subprocess.DEVNULL)
     try:
         url = None
@@ -290,7 +290,7 @@ def test_classroom_teacher_turns_the_fault_buttons_on(module_run, page, tmp_path
 FIGURES_NOTEBOOK = """
 import pandas as pd
 import workbench as wb
-from workbench import analysis, compare
+from workbench import analysis; from workbench.analysis import compare
 HB = "lighthouse.heartbeat_timeout_ms"
 run = wb.attach({run_dir!r})
 timeline = analysis.recovery_timeline(run.event_records())
@@ -346,7 +346,7 @@ def _measure_all(page, figure_js: dict, rows: dict, where: str) -> tuple[list[st
 
 
 def test_every_figure_is_readable_in_chromium(module_run, browser, lab, tmp_path):
-    from workbench.report import write_report
+    from workbench.apps.report import write_report
 
     run = module_run
     if not any(e.get("kind") == "fault" for e in run.event_records()):  # test 2 did not run or failed

@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.events import EventWriter
+from workbench.events.log import EventWriter
 
 from .conftest import ARTIFACTS
 
@@ -112,7 +112,7 @@ def notebook(lab):
     ARTIFACTS.mkdir(exist_ok=True)
     shutil.copy(lab.root / src.name, ARTIFACTS / f"saved-{src.name}")
     from workbench import attach
-    from workbench.procs import alive as _alive
+    from workbench.cluster.procs import alive as _alive
 
     for run_json in lab.root.glob("**/run.json"):
         run = attach(run_json.parent)

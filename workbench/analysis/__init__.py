@@ -16,7 +16,7 @@ the same figures. One concept per module:
 - ``figures``: plotly figures of the timeline and of goodput.
 
 Where a run stands now (its state, each group's process) is the run-state
-fold's (``workbench.runstate``), not an analysis.
+fold's (``workbench.state.fold``), not an analysis.
 
 ``summary`` and ``goodput`` take an optional precomputed ``timeline`` so a
 caller that shows both computes it once.
@@ -24,13 +24,13 @@ caller that shows both computes it once.
 
 from __future__ import annotations
 
-from .figures import goodput_figure, timeline_figure
-from .goodput import BADPUT_PARTS, goodput
-from .goodput_vocabulary import BADPUT_TYPES, badput_by_type, badput_vocabularies
-from .metrics import STEP_COLUMNS, StepColumns, max_committed_step, metrics_frame
-from .recovery import MILESTONES, ends_process, recovery_timeline
-from .summary import counts, summary, survivor_steps
-from .useful import UsefulSteps, decided
+from workbench.analysis.figures import goodput_figure, timeline_figure
+from workbench.analysis.goodput import BADPUT_PARTS, goodput
+from workbench.analysis.goodput_vocabulary import BADPUT_TYPES, badput_by_type, badput_vocabularies
+from workbench.analysis.metrics import STEP_COLUMNS, StepColumns, max_committed_step, metrics_frame
+from workbench.analysis.recovery import MILESTONES, ends_process, recovery_timeline
+from workbench.analysis.summary import counts, summary, survivor_steps
+from workbench.analysis.useful import UsefulSteps, decided
 
 __all__ = [
     "BADPUT_PARTS", "BADPUT_TYPES", "MILESTONES", "STEP_COLUMNS", "StepColumns", "UsefulSteps", "badput_by_type",

@@ -12,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from .recovery import MILESTONES
+from workbench.analysis.recovery import MILESTONES
 
 ROW_PX = 36  # plot-area pixels per fault: a bar a person can see and hover
 PLOT_MIN_PX = 160  # the plot area of a one-fault timeline; the height grows with the rows, never the margins

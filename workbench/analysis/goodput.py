@@ -7,11 +7,11 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .. import faultkinds
-from ..trainers import trainer_kind
-from .metrics import metrics_frame
-from .recovery import recovery_timeline
-from .useful import decided
+from workbench.faults import kinds as faultkinds
+from workbench.trainers import trainer_kind
+from workbench.analysis.metrics import metrics_frame
+from workbench.analysis.recovery import recovery_timeline
+from workbench.analysis.useful import decided
 
 BADPUT_PARTS = ("stall", "discarded", "heal", "missing", "restart", "startup", "checkpoint", "other")
 

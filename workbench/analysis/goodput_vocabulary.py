@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from .goodput import BADPUT_PARTS
+from workbench.analysis.goodput import BADPUT_PARTS
 
 BADPUT_TYPES = (
     "TPU_INITIALIZATION",

@@ -33,7 +33,7 @@ and parses only the bytes written after it.
 
 A chunk pyarrow refuses (a malformed line, a diverged loss written as
 ``NaN``, a field whose type changes) is read line by line instead, exactly as
-:class:`~workbench.events.EventReader` does (bad lines counted in
+:class:`~workbench.events.log.EventReader` does (bad lines counted in
 ``skipped_lines``); the result is the same frame either way (``tests/test_metrics_columns.py``).
 """
 
@@ -51,7 +51,7 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from ..events import EVENTS_DIR, new_lines
+from workbench.events.log import EVENTS_DIR, new_lines
 
 STEP_COLUMNS = [
     "t", "replica", "attempt", "step", "loss", "committed", "participating", "participants",
@@ -101,7 +101,7 @@ def gc_paused():
 class StepColumns:
     """Incremental, columnar reader of a run's step events: ``frame()`` equals ``metrics_frame(all events)``.
 
-    One byte offset per events file, as :class:`~workbench.events.EventReader`;
+    One byte offset per events file, as :class:`~workbench.events.log.EventReader`;
     each read parses only what was appended since, into a small DataFrame of
     that chunk's step rows, kept; ``frame()`` concatenates them (cached until
     new rows arrive): as numpy columns when every chunk has the same columns
@@ -117,7 +117,7 @@ class StepColumns:
         self.fallback_chunks = 0
         self.indexed_rows = 0
         if index:  # start from the controller's index, when there is a usable one: parse only what follows it
-            from . import step_index
+            from workbench.analysis import step_index
 
             found = step_index.read(run_dir, self.dir)
             if found is not None:

@@ -65,8 +65,8 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from .. import faultkinds
-from .useful import decided
+from workbench.faults import kinds as faultkinds
+from workbench.analysis.useful import decided
 
 MILESTONES = ("detected", "quorum_without_victim", "replacement_started", "imports_done", "heal_done", "participating")
 COLUMNS = ["t", "action", "target", "origin", *MILESTONES, "heal_seconds", "heal_bytes", "steps_lost", "from_scratch",

@@ -40,7 +40,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .metrics import _objects, _to_numpy, gc_paused
+from workbench.analysis.metrics import _objects, _to_numpy, gc_paused
 
 log = logging.getLogger(__name__)
 

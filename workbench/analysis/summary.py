@@ -29,11 +29,11 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from .. import faultkinds
-from .metrics import max_committed_step, metrics_frame
-from .recovery import ends_process, recovery_timeline
-from .useful import decided
-from ..runstate import run_state_of
+from workbench.faults import kinds as faultkinds
+from workbench.analysis.metrics import max_committed_step, metrics_frame
+from workbench.analysis.recovery import ends_process, recovery_timeline
+from workbench.analysis.useful import decided
+from workbench.state.fold import run_state_of
 
 
 def counts(events: list[dict]) -> dict:

@@ -12,11 +12,11 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from .base import Cluster, FaultError
+from workbench.cluster.base import Cluster, FaultError
 
 BACKENDS: dict[str, str] = {
-    "local": "workbench.cluster.local:LocalCluster",
-    "slurm": "workbench.cluster.slurm:SlurmCluster",
+    "local": "workbench.cluster.local.backend:LocalCluster",
+    "slurm": "workbench.cluster.slurm.backend:SlurmCluster",
 }
 
 

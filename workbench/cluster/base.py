@@ -9,7 +9,7 @@ submitit ``Job``. On top of submitting, a backend owns what only it knows:
 - ``loopback_only``: whether every listener of a run must be on 127.0.0.1;
 - ``shares_this_machine``: whether runs compete for this machine (a sweep
   then runs one at a time by default);
-- ``inject(kind, view, ...)``: a fault of the table (``workbench.faultkinds``)
+- ``inject(kind, view, ...)``: a fault of the table (``workbench.faults.kinds``)
   on a replica group, the way submitit's Slurm job owns its ``scancel
   --signal``; ``undo`` finishes a timed fault from the detached helper;
 - ``stop_all(state)``: end every process and job of a run whose controller
@@ -29,12 +29,10 @@ from typing import Any, Callable, ClassVar, Optional
 
 import submitit
 
-from .. import faultkinds
-from ..faultkinds import FaultKind
+from workbench.faults import kinds as faultkinds
+from workbench.errors import FaultError
+from workbench.faults.kinds import FaultKind
 
-
-class FaultError(ValueError):
-    """A fault that was not injected; nothing was done. The message names the field."""
 
 
 class Cluster(abc.ABC):
@@ -101,9 +99,10 @@ class Cluster(abc.ABC):
                          f"allowed: {', '.join(self.fault_kinds())}")
 
     def inject_host(self, kind: FaultKind, view, seconds: float, node: Optional[str] = None) -> dict:
-        """A kind of the table done to the machine (``kind.host``: cgroup or link, ``workbench.hostfaults``),
+        """A kind of the table done to the machine (``kind.host``: cgroup or link, ``workbench.faults.host``),
         undone by the detached helper after ``seconds``; the ``fault`` event's fields."""
-        from .. import hostfaults, undo
+        from workbench.faults import host as hostfaults
+        from workbench.faults import undo
 
         fields = {"target": view.replica, "attempt": view.attempt}
         try:
@@ -139,8 +138,8 @@ class Cluster(abc.ABC):
     def release_faults(self, state) -> list[str]:
         """Undo what this run's machine-level faults still hold (a stop mid-fault): its cgroups by name,
         and each link of a fault whose ``resume`` has not come. Returns what was undone."""
-        from .. import hostfaults
-        from ..procs import Proc
+        from workbench.faults import host as hostfaults
+        from workbench.cluster.procs import Proc
 
         open_faults = list(state.host_faults.items())
         links = [(k, e["node"]) for (k, _), e in open_faults

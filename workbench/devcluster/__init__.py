@@ -42,15 +42,10 @@ Modules: :mod:`.layout` (shape, paths, state file), :mod:`.daemons`
 interface), :mod:`.cli` (``workbench cluster``).
 """
 
-from .cli import main
-from .daemons import INSTALL_HINT, REQUIRED_PROGRAMS
-from .layout import (
-    ACCOUNT, CLUSTER_NAME, DAEMONS, DEFAULT_STATE_DIR, ENV_STATE_DIR, NODES, PARTITION, DevClusterError,
-    resolve_state_dir,
-)
-from .lifecycle import (
-    client_env, daemon_pids, down, find_slurm_conf, restart_slurmd, slurmd_pid, status, up,
-)
+from workbench.devcluster.cli import main
+from workbench.devcluster.daemons import INSTALL_HINT, REQUIRED_PROGRAMS
+from workbench.devcluster.layout import ACCOUNT, CLUSTER_NAME, DAEMONS, DEFAULT_STATE_DIR, ENV_STATE_DIR, NODES, PARTITION, DevClusterError, resolve_state_dir
+from workbench.devcluster.lifecycle import client_env, daemon_pids, down, find_slurm_conf, restart_slurmd, slurmd_pid, status, up
 
 __all__ = [
     "ACCOUNT", "CLUSTER_NAME", "DAEMONS", "DEFAULT_STATE_DIR", "ENV_STATE_DIR", "INSTALL_HINT", "NODES",

@@ -7,8 +7,8 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from .layout import DEFAULT_STATE_DIR, ENV_STATE_DIR, DevClusterError
-from .lifecycle import down, status, up
+from workbench.devcluster.layout import DEFAULT_STATE_DIR, ENV_STATE_DIR, DevClusterError
+from workbench.devcluster.lifecycle import down, status, up
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:

@@ -12,9 +12,7 @@ import socket
 from pathlib import Path
 from typing import Mapping, Optional
 
-from .layout import (
-    CLUSTER_NAME, CPUS_PER_NODE, MEMORY_MB_PER_NODE, NODES, PARTITION, DevClusterError, Layout,
-)
+from workbench.devcluster.layout import CLUSTER_NAME, CPUS_PER_NODE, MEMORY_MB_PER_NODE, NODES, PARTITION, DevClusterError, Layout
 
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"

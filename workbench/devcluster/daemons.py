@@ -3,7 +3,7 @@
 Every daemon runs with ``-D`` (or its foreground flag) as a child of the
 process that called ``up`` and in a session of its own, so it outlives that
 process and a terminal's hang-up. It is then known only by the ``pid`` and
-``started`` (``workbench.procs.start_time``: seconds since boot, which no clock
+``started`` (``workbench.cluster.procs.start_time``: seconds since boot, which no clock
 change moves) :func:`start` records in the state file; :func:`alive` compares
 both, so a PID the kernel has since reused is never signalled.
 """
@@ -20,9 +20,9 @@ from typing import Any, Mapping, Optional
 
 import psutil
 
-from ..procs import HOST, Proc, start_time
+from workbench.cluster.procs import HOST, Proc, start_time
 
-from .layout import NODES, DevClusterError, Layout, write_state
+from workbench.devcluster.layout import NODES, DevClusterError, Layout, write_state
 
 REQUIRED_PROGRAMS = (
     "munged", "mungekey", "mariadb-install-db", "mariadbd", "mariadb",

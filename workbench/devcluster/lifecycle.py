@@ -13,14 +13,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from .config import choose_ports, write_configs, write_hosts
-from .daemons import alive, as_host, as_node, check_programs, daemon_env, run_client, start, stop_recorded, wait_until
-from .layout import (
-    ACCOUNT, CLUSTER_NAME, DAEMONS, NODES, PARTITION, DevClusterError, Layout, check_state_dir, locked,
-    read_state, resolve_state_dir, write_state,
-)
-from . import netns
-from .services import ensure_associations, start_mariadb, start_munged, start_slurmdbd
+from workbench.devcluster.config import choose_ports, write_configs, write_hosts
+from workbench.devcluster.daemons import alive, as_host, as_node, check_programs, daemon_env, run_client, start, stop_recorded, wait_until
+from workbench.devcluster.layout import ACCOUNT, CLUSTER_NAME, DAEMONS, NODES, PARTITION, DevClusterError, Layout, check_state_dir, locked, read_state, resolve_state_dir, write_state
+from workbench.devcluster import netns
+from workbench.devcluster.services import ensure_associations, start_mariadb, start_munged, start_slurmdbd
 
 StateDir = Optional[os.PathLike | str]
 
@@ -90,7 +87,7 @@ def remove_network() -> list[str]:
     or was killed) goes too. A namespace with processes in it is another dev
     cluster's, still running: left alone.
     """
-    from .. import hostfaults
+    from workbench.faults import host as hostfaults
 
     left = hostfaults.sweep()  # cgroups, qdiscs and downed links a fault left (its run's controller died)
     busy = [ns for ns in netns.ours()["netns"] if netns.pids(ns)]

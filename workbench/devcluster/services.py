@@ -18,9 +18,9 @@ import shutil
 import subprocess
 import time
 
-from .config import DB_NAME, DB_USER, db_password
-from .daemons import as_host, daemon_env, run_client, start, wait_until
-from .layout import ACCOUNT, CLUSTER_NAME, Layout
+from workbench.devcluster.config import DB_NAME, DB_USER, db_password
+from workbench.devcluster.daemons import as_host, daemon_env, run_client, start, wait_until
+from workbench.devcluster.layout import ACCOUNT, CLUSTER_NAME, Layout
 
 # Small and fast rather than durable across host crashes: this is a throw-away accounting DB.
 # (slurmdbd logs that these are "not recommended values"; harmless here.)

@@ -38,11 +38,12 @@ from typing import Any, Optional
 import numpy as np
 import pandas as pd
 
-from .. import analysis, breakeven
-from ..analysis.recovery import ends_process
-from ..trainers import trainer_kind
-from . import sources
-from .model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
+from workbench import analysis
+from workbench.analysis import breakeven
+from workbench.analysis.recovery import ends_process
+from workbench.trainers import trainer_kind
+from workbench.projection import sources
+from workbench.projection.model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
 
 
 def _events_and_spec(run: Any) -> tuple[list[dict], Any]:
@@ -170,7 +171,7 @@ def project(run: Any, baseline: Any = None, measured_costs: bool = False, replic
     that projection came from (``given``, ``measured`` or the published default). Without a
     ``device_mtbf_h`` the failure rate is Meta's published job MTTF at that many accelerators.
     """
-    from .model import Projection, input_names
+    from workbench.projection.model import Projection, input_names
 
     allowed = input_names()
     bad = sorted(set(inputs) - allowed - {f"diloco_{k}" for k in allowed})

@@ -7,7 +7,7 @@ from typing import Callable, Optional, Sequence, Union
 import numpy as np
 import pandas as pd
 
-from .model import STRATEGIES, Projection
+from workbench.projection.model import STRATEGIES, Projection
 
 NAMES = {"checkpoint-restart": "checkpoint-restart", "elastic": "per-step elastic (torchft)",
          "diloco": "semi-synchronous (DiLoCo)"}

@@ -40,7 +40,7 @@ import math
 
 import numpy as np
 
-from .model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
+from workbench.projection.model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
 
 HOUR = 3600.0
 DAY = 86400.0

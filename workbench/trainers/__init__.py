@@ -17,8 +17,8 @@ from __future__ import annotations
 import importlib
 from typing import Callable
 
-from .base import JobContext, job_entrypoint
-from .registry import KINDS, TrainerKind, UnknownTrainer, trainer_kind, trainer_names
+from workbench.trainers.base import JobContext, job_entrypoint
+from workbench.trainers.registry import KINDS, TrainerKind, UnknownTrainer, trainer_kind, trainer_names
 
 REGISTRY: dict[str, str] = {k.name: k.module for k in KINDS}
 ELASTIC = frozenset(k.name for k in KINDS if k.elastic)

@@ -6,7 +6,7 @@ import dataclasses
 import os
 from typing import Optional
 
-from ..events import EventWriter
+from workbench.events.log import EventWriter
 
 
 @dataclasses.dataclass
@@ -67,7 +67,7 @@ class JobContext:
         node = os.environ.get("SLURMD_NODENAME")
         if self.loopback_only or not node:
             return "127.0.0.1"
-        from ..cluster.slurm_client import node_address
+        from workbench.cluster.slurm.client import node_address
 
         return node_address(node)
 
@@ -85,6 +85,6 @@ class JobContext:
 def job_entrypoint(ctx: JobContext) -> None:
     """The function submitit pickles: set the environment, then run the trainer."""
     os.environ.update({k: str(v) for k, v in ctx.env.items()})
-    from . import load
+    from workbench.trainers import load
 
     load(ctx.spec["trainer"])(ctx)

@@ -30,7 +30,7 @@ Protocol inside the job:
   fsync the directory, then emit ``checkpoint`` with ``durable=True``. A name
   without the dot and suffix is therefore complete (:data:`CHECKPOINTS`). A save
   that finds an armed ``kill_during_checkpoint`` says ``held=True`` and holds
-  before the rename (``workbench.armed``).
+  before the rename (``workbench.faults.armed``).
 - On start every worker loads the newest ``step-N.pt`` (N = committed steps it
   holds) and continues at step N+1; ``phase restored from_step=N`` is emitted
   on every relaunch (``from_step=0`` when no checkpoint existed yet).
@@ -48,11 +48,11 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Optional
 
-from .. import armed
-from ..events import EventWriter
-from .base import JobContext
-from .kit import CheckpointLayout, Heartbeat, StopRequest, die_with_parent, on_stop_signals, signal_pid, weights_checksum
-from .tiny_decoder import build_model, make_batch, warm_up_adamw
+from workbench.faults import armed
+from workbench.events.log import EventWriter
+from workbench.trainers.base import JobContext
+from workbench.trainers.kit import CheckpointLayout, Heartbeat, StopRequest, die_with_parent, on_stop_signals, signal_pid, weights_checksum
+from workbench.trainers.lite.model import build_model, make_batch, warm_up_adamw
 
 CHECKPOINTS = CheckpointLayout(committed=re.compile(r"^step-(\d+)\.pt$"), in_progress=re.compile(r"^\.step-\d+\.pt\.tmp$"))
 EXIT_COMPLETED, EXIT_STOPPED, EXIT_ERROR = 0, 3, 1
@@ -142,7 +142,7 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
 
         from torch.nn.parallel import DistributedDataParallel
 
-        from . import loopback
+        from workbench.trainers import loopback
 
         torch.set_num_threads(1)
         writer.emit("phase", phase="imports_done", seconds=time.time() - t_start)

@@ -89,20 +89,20 @@ class TrainerKind:
 
 KINDS: tuple[TrainerKind, ...] = (
     TrainerKind(
-        "torchft-lite", "workbench.trainers.torchft_lite", elastic=True,
+        "torchft-lite", "workbench.trainers.lite.trainer", elastic=True,
         sections=("model", "torchft", "lighthouse"), supports_spares=True, batch_from_model=True, slurm_tasks=1,
         store_host="group", rank0="group", collective_rank="group",
         algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
     ),
     TrainerKind(
-        "titan", "workbench.trainers.titan", elastic=True,
+        "titan", "workbench.trainers.titan.job", elastic=True,
         sections=("titan", "torchft", "lighthouse"), checkpoint_period="titan.checkpoint_interval",
         store_host="group", rank0="child_rank0", algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
     ),
     TrainerKind(
-        "maxtext", "workbench.trainers.maxtext", elastic=False,
+        "maxtext", "workbench.trainers.maxtext.job", elastic=False,
         sections=("maxtext",), writer_per_replica=False, checkpoint_period="maxtext.checkpoint_period",
-        check_processes="workbench.trainers.maxtext_command:check_spec",
+        check_processes="workbench.trainers.maxtext.command:check_spec",
     ),
     TrainerKind(
         "ddp-restart", "workbench.trainers.ddp_restart", elastic=False,

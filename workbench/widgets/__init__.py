@@ -1,6 +1,6 @@
 """Widgets: presentation over plain-Python state (``state.py``) that tests reach without a browser."""
 
-from .dashboard import Dashboard, active_dashboards
-from .state import DashboardState
+from workbench.widgets.dashboard import Dashboard, active_dashboards
+from workbench.widgets.state import DashboardState
 
 __all__ = ["Dashboard", "DashboardState", "active_dashboards"]

@@ -1,7 +1,7 @@
 """``ComparisonWidget``: a live side-by-side view of a sweep (or any list of runs).
 
-Presentation only: what is shown comes from :mod:`workbench.compare`
-(:func:`~workbench.compare.table`, :func:`~workbench.compare.committed_losses`)
+Presentation only: what is shown comes from :mod:`workbench.analysis.compare`
+(:func:`~workbench.analysis.compare.table`, :func:`~workbench.analysis.compare.committed_losses`)
 and ``Sweep.status()``, so tests check the same numbers without a browser by
 calling :meth:`ComparisonWidget.update` and reading :attr:`table` and the
 figure's traces.
@@ -27,11 +27,11 @@ import ipywidgets as w
 import pandas as pd
 import plotly.graph_objects as go
 
-from .. import compare
-from ..run import ENDED, Run
-from ..analysis.figures import readable
-from .plot import plot_bundle
-from .updater import Updater, active
+from workbench.analysis import compare
+from workbench.run.handle import ENDED, Run
+from workbench.analysis.figures import readable
+from workbench.widgets.plot import plot_bundle
+from workbench.widgets.updater import Updater, active
 
 SHOWN = ("point", "label", "state", "steps", "final_loss", "diverged_at", "steps_per_s", "goodput", "survivor_stall_s",
          "kill_to_rejoin_s", "faults_injected", "restarts")
@@ -46,7 +46,7 @@ class ComparisonWidget(w.VBox):
 
     def __init__(self, source: Any, labels: Optional[Sequence[str]] = None, color_by: Optional[str] = None,
                  interval: float = 2.0, start: bool = True, **kwargs: Any) -> None:
-        from ..sweep import Sweep
+        from workbench.experiments.sweep import Sweep
 
         self.sweep: Optional[Sweep] = source if isinstance(source, Sweep) else None
         self._runs = None if self.sweep is not None else [compare.as_run(r) for r in source]
@@ -97,7 +97,7 @@ class ComparisonWidget(w.VBox):
 
     def ended(self) -> bool:
         if self.sweep is not None:
-            from ..sweep import SWEEP_TERMINAL
+            from workbench.experiments.sweep import SWEEP_TERMINAL
 
             return self.sweep.state() in SWEEP_TERMINAL
         return all(r.state() in ENDED for r in self._runs)
@@ -124,11 +124,11 @@ class ComparisonWidget(w.VBox):
         fig = self.figure
         changed = not self.plot_output.outputs
         for (label, run, _), color in zip(entries, colors):
-            if self._drawn.get(label) == (len(run._events), color):
+            if self._drawn.get(label) == (len(run.events_read), color):
                 continue
-            self._drawn[label] = (len(run._events), color)
+            self._drawn[label] = (len(run.events_read), color)
             changed = True
-            curve = compare.committed_losses(run._events)
+            curve = compare.committed_losses(run.events_read)
             if label not in self._trace_of:
                 fig.add_scatter(x=[], y=[], mode="lines", name=label, line=dict(width=1.6),
                                 hovertemplate=f"{html.escape(label)}<br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>")

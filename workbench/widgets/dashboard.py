@@ -37,13 +37,13 @@ import plotly.graph_objects as go
 import plotly.io as pio
 from plotly.subplots import make_subplots
 
-from .. import faultkinds
-from ..analysis.figures import readable
-from .appendplot import PlotFeed
-from .liveplot import LivePlot, plotly_lib
-from .state import STATES, DashboardState
-from .timeline import GRID_MIN_GROUPS, STATE_COLORS, Replay, Snapshot, Timeline, cells
-from .updater import Updater, active
+from workbench.faults import kinds as faultkinds
+from workbench.analysis.figures import readable
+from workbench.widgets.appendplot import PlotFeed
+from workbench.widgets.liveplot import LivePlot, plotly_lib
+from workbench.widgets.state import STATES, DashboardState
+from workbench.analysis.wallclock import GRID_MIN_GROUPS, STATE_COLORS, Replay, Snapshot, Timeline, cells
+from workbench.widgets.updater import Updater, active
 
 COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf")
 MARKER_NAMES = {"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts",
@@ -139,7 +139,7 @@ class Dashboard(w.VBox):
     def __init__(self, run: Any, interval: float = 0.25, max_points: int = 1500, plot_every: float = 2.0,
                  start: bool = True, faults: bool = True, **kwargs: Any) -> None:
         if isinstance(run, (str, Path)):
-            from ..run import attach
+            from workbench.run.handle import attach
 
             run = attach(run)
         self.run = run
@@ -152,7 +152,7 @@ class Dashboard(w.VBox):
         self._render_lock = threading.RLock()
         self.state = DashboardState(self.spec.replicas, self.spec.steps, run_state=run.run_state)
         self._unsubscribe = run.run_state.subscribe(self._present)
-        self.state.present(list(run._events))  # what the run had read before this dashboard existed
+        self.state.present(list(run.events_read))  # what the run had read before this dashboard existed
         self.last_update_s: Optional[float] = None
         self._updater = Updater("dashboard", str(self.run_dir), self.update, lambda: self.state.run_state is not None,
                                 self.interval, name=f"wb-dashboard-{self.run_dir.name}", owner=self,
@@ -303,11 +303,11 @@ class Dashboard(w.VBox):
         of groups from ``GRID_MIN_GROUPS`` on, useful throughput, quorum size and the dead-group
         queue over wall-clock time with every fault marked, and, once the run has ended, a
         time scrubber that replays grid and plots from the log."""
-        from ..trainers import trainer_kind
+        from workbench.trainers import trainer_kind
 
         self.compact = self.spec.replicas >= GRID_MIN_GROUPS
         self.timeline = Timeline(self.run.run_state, trainer_kind(self.spec.trainer).samples_per_step(self.spec))
-        self.timeline.observe(list(self.run._events))
+        self.timeline.observe(list(self.run.events_read))
         self._unsubscribe_timeline = self.run.run_state.subscribe(self._observe)
         self.clock = make_subplots(rows=3, cols=1, shared_xaxes=True, vertical_spacing=0.06, row_heights=[0.5, 0.25, 0.25])
         self.clock.add_scatter(x=[], y=[], mode="lines", line=dict(shape="hv", color="#1f77b4", width=2),
@@ -390,9 +390,9 @@ class Dashboard(w.VBox):
 
     def _start_replay(self) -> None:
         """Once the run has ended: fold its log once more, event by event, for the scrubber."""
-        from ..trainers import trainer_kind
+        from workbench.trainers import trainer_kind
 
-        self.replay = Replay(self.run._events, self.spec.replicas, self.spec.steps,
+        self.replay = Replay(self.run.events_read, self.spec.replicas, self.spec.steps,
                              trainer_kind(self.spec.trainer).samples_per_step(self.spec))
         span = max(self.replay.end - self.replay.start, 1.0)
         with self.scrubber.hold_trait_notifications():

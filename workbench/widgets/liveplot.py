@@ -44,7 +44,7 @@ from typing import Optional
 import anywidget
 import traitlets
 
-from .appendplot import apply, drawn, full_message
+from workbench.widgets.appendplot import apply, drawn, full_message
 
 _JS = Path(__file__).with_name("liveplot.js")
 KEYFRAME_AFTER_S = (1.0, 4.0)

@@ -1,7 +1,7 @@
 """What the dashboard shows, computed from events alone (no ipywidgets here).
 
 The replica groups' health (one tile each) is the run-state fold's
-(:class:`~workbench.runstate.RunState`, states listed there): a dashboard on
+(:class:`~workbench.state.fold.RunState`, states listed there): a dashboard on
 a ``Run`` shares that run's fold and reader. :class:`DashboardState` adds
 only what is presentation: the loss series of each replica group, the plot
 markers (faults, heals, durable checkpoints, restores), the quorum history,
@@ -19,8 +19,9 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from .. import faultkinds, nodehealth
-from ..runstate import REPLICA_STATES, ReplicaView, RunState
+from workbench.faults import kinds as faultkinds
+from workbench.controller import nodehealth
+from workbench.state.fold import REPLICA_STATES, ReplicaView, RunState
 
 Tile = ReplicaView
 

@@ -1,0 +1,193 @@
+"""Metrics for Prometheus: ``workbench serve-metrics RUN`` answers each scrape from the run's fold.
+
+Pull, not push: :class:`RunCollector` is a ``prometheus_client`` custom
+collector; on every scrape it calls ``Run.refresh()`` (the new bytes of the
+event log, folded once into the Run's :class:`~workbench.state.fold.RunState`)
+and reads the answer off that fold, so the exporter holds no state of its
+own and needs no thread of its own. Goodput is ``analysis.goodput`` on the
+Run's events, recomputed at most every ``goodput_every_s`` (it reads the
+whole log; the rest is O(groups) per scrape).
+
+Series (every one labelled ``run``; a counter's name ends in ``_total``):
+
+=========================================== ========================================================
+``workbench_replica_step``                  the group's last step (``replica``)
+``workbench_replica_committed_step``        its furthest committed step
+``workbench_replica_loss``                  last loss
+``workbench_replica_step_time_seconds``     last step's wall time
+``workbench_replica_state``                 1 for the group's state (``state`` label), 0 for the others
+``workbench_replica_heartbeat_age_seconds`` seconds since the group last wrote anything
+``workbench_replica_restarts_total``        relaunches of the group
+``workbench_replica_heals_total``           heals of the group
+``workbench_replica_faults_total``          faults injected into the group (a resume is none)
+``workbench_committed_step``                the run's furthest committed step
+``workbench_faults_total``                  …and its faults, restarts, heals
+``workbench_run_state``                     1 for the run's state (``state`` label)
+``workbench_goodput_ratio``                 ``analysis.goodput``'s goodput (absent before it has one)
+``workbench_badput_seconds``                full-rate seconds lost, by workbench cause (``cause``)
+``workbench_node_up``                       1 if a live group on ``node`` wrote within ``stale_s``
+``workbench_node_heartbeat_age_seconds``    the freshest group's age on that node
+=========================================== ========================================================
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Iterator, Optional
+
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.registry import Collector
+
+from workbench import analysis
+from workbench.state.fold import REPLICA_STATES
+from workbench.run.handle import Run
+
+RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost")
+LIVE = ("starting", "participating", "healing")
+
+
+class RunCollector(Collector):
+    """Every series above, from one Run; see the module docstring."""
+
+    def __init__(self, run: Run, goodput_every_s: float = 5.0, stale_s: Optional[float] = None) -> None:
+        self.run = run
+        self.goodput_every_s = goodput_every_s
+        self.stale_s = stale_s if stale_s is not None else 3 * run.spec.heartbeat_s + 2.0
+        self._goodput: Optional[dict] = None
+        self._goodput_t = -float("inf")
+        self._lock = threading.Lock()  # one scrape at a time folds the log
+
+    def collect(self) -> Iterator[Metric]:
+        with self._lock:
+            return iter(self._families())
+
+    def _families(self) -> list[Metric]:
+        run = self.run
+        run_state = run.state()  # refreshes the fold
+        st = run.run_state
+        now = time.time()
+        rid = run.id
+        per = lambda name, doc, cls=GaugeMetricFamily, extra=(): cls(name, doc, labels=["run", "replica", *extra])
+        step = per("workbench_replica_step", "last step of the replica group")
+        committed = per("workbench_replica_committed_step", "furthest committed step of the replica group")
+        loss = per("workbench_replica_loss", "last loss of the replica group")
+        step_time = per("workbench_replica_step_time_seconds", "wall time of the group's last step")
+        state = per("workbench_replica_state", "1 for the replica group's state", extra=("state",))
+        age = per("workbench_replica_heartbeat_age_seconds", "seconds since the group last wrote an event")
+        restarts = per("workbench_replica_restarts", "relaunches of the replica group", CounterMetricFamily)
+        heals = per("workbench_replica_heals", "heals of the replica group", CounterMetricFamily)
+        faults = per("workbench_replica_faults", "faults injected into the replica group", CounterMetricFamily)
+        nodes: dict[str, list] = {}
+        for r, v in sorted(st.replicas.items()):
+            labels = [rid, str(r)]
+            step.add_metric(labels, v.step or 0)
+            committed.add_metric(labels, v.committed_step)
+            if v.loss is not None:
+                loss.add_metric(labels, v.loss)
+            if v.step_time_s is not None:
+                step_time.add_metric(labels, v.step_time_s)
+            for s in REPLICA_STATES:
+                state.add_metric([*labels, s], 1.0 if v.state == s else 0.0)
+            a = v.heartbeat_age(now)
+            if a is not None:
+                age.add_metric(labels, a)
+            restarts.add_metric(labels, v.restarts)
+            heals.add_metric(labels, v.heals)
+            faults.add_metric(labels, v.faults)
+            node = v.node or (v.proc.host if v.proc else None)
+            if node:
+                nodes.setdefault(node, []).append(a if v.state in LIVE else None)
+        out: list[Metric] = [step, committed, loss, step_time, state, age, restarts, heals, faults]
+
+        out.append(GaugeMetricFamily("workbench_committed_step", "the run's furthest committed step",
+                                     labels=["run"]))
+        out[-1].add_metric([rid], st.max_committed)
+        for name, value in st.counts().items():
+            out.append(CounterMetricFamily(f"workbench_{name}", f"{name} of the run", labels=["run"]))
+            out[-1].add_metric([rid], value)
+        rs = GaugeMetricFamily("workbench_run_state", "1 for the run's state", labels=["run", "state"])
+        for s in RUN_STATES:
+            rs.add_metric([rid, s], 1.0 if run_state == s else 0.0)
+        out.append(rs)
+
+        gp = self._current_goodput(now)
+        ratio = GaugeMetricFamily("workbench_goodput_ratio", "useful work against the run's fault-free rate",
+                                  labels=["run"])
+        bad = GaugeMetricFamily("workbench_badput_seconds", "full-rate seconds lost, by workbench cause",
+                                labels=["run", "cause"])
+        if gp is not None and gp.get("goodput") is not None:
+            ratio.add_metric([rid], gp["goodput"])
+            for cause, seconds in gp["badput_s"].items():
+                bad.add_metric([rid, cause], seconds)
+        out += [ratio, bad]
+
+        up = GaugeMetricFamily("workbench_node_up", "1 if a live replica group on the node wrote within stale_s",
+                               labels=["run", "node"])
+        node_age = GaugeMetricFamily("workbench_node_heartbeat_age_seconds",
+                                     "age of the freshest live group's last event on the node", labels=["run", "node"])
+        for node, ages in sorted(nodes.items()):
+            live = [x for x in ages if x is not None]
+            up.add_metric([rid, node], 1.0 if live and min(live) <= self.stale_s else 0.0)
+            if live:
+                node_age.add_metric([rid, node], min(live))
+        out += [up, node_age]
+        return out
+
+    def _current_goodput(self, now: float) -> Optional[dict]:
+        if now - self._goodput_t >= self.goodput_every_s:
+            self._goodput_t = now
+            self._goodput = analysis.goodput(self.run.event_records(), self.run.spec)
+        return self._goodput
+
+
+def registry_for(collector: RunCollector) -> CollectorRegistry:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    return reg
+
+
+def serve(collector: RunCollector, port: int = 0, addr: str = "127.0.0.1"):
+    """Start the HTTP exporter in a daemon thread; returns ``(server, thread)`` (``server.server_port``)."""
+    from prometheus_client import start_http_server
+
+    return start_http_server(port, addr=addr, registry=registry_for(collector))
+
+
+def otel_meter_provider(collector: RunCollector, readers: list, fresh_s: float = 0.5):
+    """The same series through OpenTelemetry's SDK, for users who run a collector.
+
+    One observable instrument per family above (counters as observable counters, named without
+    the ``_total`` Prometheus adds), each observation's attributes the family's labels. A reader's
+    collection asks every instrument within milliseconds; the families are folded once per
+    ``fresh_s``. Pass the collector the Prometheus endpoint serves: its lock keeps the two from
+    folding at once, and both read the same fold. ``readers``: SDK
+    metric readers, e.g. a ``PeriodicExportingMetricReader`` around an ``OTLPMetricExporter``
+    (``serve-metrics --otlp URL``).
+    """
+    from opentelemetry.metrics import Observation
+    from opentelemetry.sdk.metrics import MeterProvider
+
+    cache: dict = {"t": -float("inf"), "families": {}}
+
+    def families() -> dict:
+        now = time.monotonic()
+        if now - cache["t"] >= fresh_s:
+            cache["t"], cache["families"] = now, {f.name: f for f in collector.collect()}
+        return cache["families"]
+
+    def callback(name: str):
+        def observe(options):
+            f = families().get(name)
+            return [] if f is None else [Observation(s.value, dict(s.labels)) for s in f.samples
+                                         if s.name in (name, name + "_total")]
+        return observe
+
+    provider = MeterProvider(metric_readers=readers)
+    meter = provider.get_meter("workbench")
+    for f in collector.collect():
+        make = meter.create_observable_counter if f.type == "counter" else meter.create_observable_gauge
+        make(f.name, callbacks=[callback(f.name)], description=f.documentation)
+    return provider
+

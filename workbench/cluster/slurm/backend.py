@@ -1,0 +1,138 @@
+"""Jobs on Slurm, through submitit's ``SlurmExecutor`` (no hand-written sbatch).
+
+Which cluster
+-------------
+``spec.slurm.conf`` names the ``slurm.conf`` every client call uses. Left
+empty, :meth:`SlurmCluster.validate` (run by ``workbench.submit``) pins it:
+``$SLURM_CONF`` if set, else the local dev cluster's when that is up
+(``devcluster.find_slurm_conf()``), else none (the machine's default Slurm).
+The pinned value is in ``run.json``, so the controller, and any process that
+attaches later and kills a job, talk to the same cluster. The controller sets
+``SLURM_CONF`` in its own environment, which sbatch, sacct and scancel (and
+so submitit) inherit. Job ids restart at 1 on a fresh cluster, so the
+submitit folder is ``jobs/<ClusterName>-<hash of the conf path>/%j``: two
+clusters never share one.
+
+Replica groups
+--------------
+One Slurm job per torchft replica group, submitted ``--no-requeue``: Slurm
+requeues a batch job after a node failure by default, and would re-run the
+same pickled ``JobContext`` with the same attempt number. Instead a job that
+ended is the controller's to resubmit, as attempt + 1. The lighthouse runs
+inside the controller on the submit host, bound to ``lighthouse.bind_host``:
+an address the compute nodes can reach. A loopback one is taken to mean "this
+host": where the nodes are not on loopback (the dev cluster's namespaced nodes)
+it becomes this host's address toward them (the bridge's, 198.18.0.1).
+A checkpoint-restart trainer (MaxText) is one job over ``slurm.nodes``
+nodes, resubmitted the same way, and resumes from its last durable
+checkpoint; ``slurm.requeue: true`` lets Slurm requeue it instead (the same
+attempt runs again: its events show a second ``start``).
+
+Job state
+---------
+submitit's sacct watcher backs off to one query per 10 minutes, and sacct lags
+slurmctld. :meth:`SlurmCluster.is_done` asks slurmctld (``squeue -t all``,
+at most every ``STATE_POLL_S``; sacct only for a job squeue no longer lists)
+and calls a job done only in a terminal state: pending, requeued, suspended
+or unknown jobs are alive.
+
+Faults
+------
+``slurm_faults.py``: each kind of the table (``workbench.faults.kinds``) the
+way Slurm does it (``scancel --signal``, ``scontrol update``); validation at
+submit is ``slurm_validate.py``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import submitit
+
+from workbench.cluster.slurm import faults as slurm_faults
+from workbench.cluster.slurm import validate as slurm_validate
+from workbench.cluster.base import Cluster
+from workbench.cluster.slurm.client import TERMINAL_STATES, client_env, cluster_identity, executor_parameters, job_states, resolve_conf, slurm_cmd, submit_host_toward_nodes
+
+__all__ = ["SlurmCluster", "TERMINAL_STATES", "client_env", "executor_parameters", "resolve_conf", "slurm_cmd"]
+
+STATE_POLL_S = 0.5
+
+
+class SlurmCluster(Cluster):
+    name = "slurm"
+    preempt_signal = signal.SIGUSR2  # submitit's preemption signal
+
+    def __init__(self, spec, run_dir: Path) -> None:
+        from workbench.trainers import trainer_kind
+
+        self.conf = resolve_conf(spec)
+        self.elastic = trainer_kind(spec.trainer).elastic
+        self._states: dict[str, str] = {}
+        self._polled_at = 0.0
+        super().__init__(spec, run_dir)
+
+    def _make_executor(self) -> submitit.SlurmExecutor:
+        if self.conf:
+            os.environ["SLURM_CONF"] = self.conf  # the controller's own environment: submitit's sbatch/sacct/scancel
+        self.folder = self.run_dir / "jobs" / cluster_identity(self.conf) / "%j"
+        ex = submitit.SlurmExecutor(folder=self.folder)
+        ex.update_parameters(**executor_parameters(self.spec, self.elastic))
+        return ex
+
+    @property
+    def lighthouse_host(self) -> str:
+        """``lighthouse.bind_host``; a loopback one becomes this host's address toward the nodes when they
+        are not on loopback (the dev cluster's namespaced nodes reach the head at the bridge's address)."""
+        import ipaddress
+
+        host = self.spec.lighthouse.bind_host
+        try:
+            loopback = ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return host
+        return submit_host_toward_nodes(self.conf, host) if loopback else host
+
+    @classmethod
+    def validate(cls, spec) -> None:
+        """Check the spec against the cluster (``sbatch --test-only``: nothing is queued) and pin ``slurm.conf``."""
+        slurm_validate.validate(spec)
+
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str) -> submitit.Job:
+        self.executor.update_parameters(job_name=name)
+        job = self.executor.submit(fn, *args)
+        self._states[str(job.job_id)] = "PENDING"
+        return job
+
+    def is_done(self, job: submitit.Job) -> bool:
+        job_id = str(job.job_id)
+        if self._states.get(job_id) not in TERMINAL_STATES and time.monotonic() - self._polled_at > STATE_POLL_S:
+            self._poll_states()
+        return self._states.get(job_id) in TERMINAL_STATES
+
+    def cancel(self, job: submitit.Job) -> None:
+        slurm_cmd(self.conf, "scancel", str(job.job_id))
+
+    def inject(self, kind, view, seconds, origin: str) -> dict:
+        return slurm_faults.inject(self, kind, view, seconds, origin)
+
+    def undo(self, payload: dict) -> dict:
+        return slurm_faults.undo(self, payload)
+
+    def stop_all(self, state) -> list[str]:
+        """Cancel every job the run submitted, then the processes on this host."""
+        job_ids = sorted({j for v in state.replicas.values() for j in v.jobs.values()})
+        if job_ids:
+            slurm_cmd(self.conf, "scancel", *job_ids)
+        return super().stop_all(state)
+
+    def _poll_states(self) -> None:
+        self._polled_at = time.monotonic()
+        live = [j for j, s in self._states.items() if s not in TERMINAL_STATES]
+        if not live:
+            return
+        self._states.update(job_states(self.conf, live))

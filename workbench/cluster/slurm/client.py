@@ -1,0 +1,156 @@
+"""Talking to a Slurm cluster: which one (``slurm.conf``), its client commands, job states, and
+the submitit parameters a spec's ``slurm`` section means. Shared by the backend
+(``slurm.py``), its validation and its faults; imports neither.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import subprocess
+from pathlib import Path
+from typing import Any, Optional
+
+TERMINAL_STATES = frozenset({
+    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
+    "DEADLINE", "OUT_OF_MEMORY", "REVOKED",
+})
+
+
+def resolve_conf(spec) -> Optional[str]:
+    """The slurm.conf this spec's clients use: the spec's, ``$SLURM_CONF``, the dev cluster's, or None."""
+    if spec.slurm.conf:
+        return str(Path(spec.slurm.conf).expanduser().resolve())
+    if os.environ.get("SLURM_CONF"):
+        return str(Path(os.environ["SLURM_CONF"]).resolve())
+    from workbench import devcluster
+
+    found = devcluster.find_slurm_conf()
+    return str(found) if found else None
+
+
+def client_env(conf: Optional[str]) -> dict[str, str]:
+    env = dict(os.environ)
+    if conf:
+        env["SLURM_CONF"] = conf
+    return env
+
+
+def slurm_cmd(conf: Optional[str], *argv: str, timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run one Slurm client command against the cluster of ``conf``; never raises on a non-zero exit."""
+    try:
+        return subprocess.run(list(argv), env=client_env(conf), capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(list(argv), 127, "", f"{argv[0]}: not installed")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(list(argv), 124, "", f"{argv[0]}: no answer within {timeout}s")
+
+
+def cluster_identity(conf: Optional[str]) -> str:
+    """``<ClusterName>-<8 hex of the conf path>``: names the submitit folder, one per cluster."""
+    name = None
+    if conf and Path(conf).is_file():
+        m = re.search(r"^\s*ClusterName\s*=\s*(\S+)", Path(conf).read_text(), re.MULTILINE | re.IGNORECASE)
+        name = m.group(1) if m else None
+    if name is None:
+        out = slurm_cmd(conf, "scontrol", "show", "config").stdout
+        m = re.search(r"^ClusterName\s*=\s*(\S+)", out, re.MULTILINE)
+        name = m.group(1) if m else "slurm"
+    digest = hashlib.sha1((conf or "default").encode()).hexdigest()[:8]
+    return f"{re.sub(r'[^A-Za-z0-9_.-]', '_', name)}-{digest}"
+
+
+def job_states(conf: Optional[str], job_ids: list[str]) -> dict[str, str]:
+    """Slurm state of each job: slurmctld's (squeue), else accounting's (sacct); absent when neither knows."""
+    out = slurm_cmd(conf, "squeue", "-h", "-t", "all", "-j", ",".join(job_ids), "-o", "%i|%T")
+    states = _parse_states(out.stdout) if out.returncode == 0 else {}
+    missing = [j for j in job_ids if j not in states]
+    if missing:
+        acct = slurm_cmd(conf, "sacct", "-n", "-P", "-X", "-o", "JobID,State", "-j", ",".join(missing))
+        if acct.returncode == 0:
+            states.update({j: s for j, s in _parse_states(acct.stdout).items() if j in missing})
+    return states
+
+
+def _parse_states(text: str) -> dict[str, str]:
+    states = {}
+    for line in text.splitlines():
+        if "|" in line:
+            job_id, state = line.split("|", 1)
+            states[job_id.strip()] = state.split()[0].rstrip("+").upper() if state.strip() else "UNKNOWN"
+    return states
+
+
+def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
+    """submitit ``SlurmExecutor`` parameters from ``spec.slurm``.
+
+    A checkpoint-restart job of several tasks is one program (MaxText's ``jax.distributed``):
+    ``srun --kill-on-bad-exit=1`` ends the whole step when one task dies. Without it the
+    survivors wait out JAX's heartbeat timeout (100 s, which MaxText does not expose;
+    measured here: the surviving process aborted 75 s after its peer was SIGKILLed) before the
+    job ends and can be resubmitted.
+    """
+    s = spec.slurm
+    srun_args = list(s.srun_args)
+    if not elastic and s.nodes * s.tasks_per_node > 1 and not any(a.startswith(("--kill-on-bad-exit", "-K"))
+                                                                  for a in srun_args):
+        srun_args.append("--kill-on-bad-exit=1")
+    params: dict[str, Any] = {
+        "time": s.time_min,
+        "nodes": s.nodes,
+        "ntasks_per_node": s.tasks_per_node,
+        "cpus_per_task": s.cpus_per_task,
+        "srun_args": srun_args,
+        "setup": list(s.setup),
+        "stderr_to_stdout": True,
+    }
+    if s.gpus_per_node:
+        params["gpus_per_node"] = s.gpus_per_node
+    for key in ("partition", "qos", "account"):
+        if getattr(s, key):
+            params[key] = getattr(s, key)
+    extra = dict(s.sbatch_args)
+    extra["requeue" if s.requeue else "no-requeue"] = True
+    params["additional_parameters"] = extra
+    return params
+
+
+def node_address(name: str) -> str:
+    """The address Slurm reaches node ``name`` at (``NodeAddr`` of ``scontrol show node -o``).
+
+    The cluster is ``$SLURM_CONF``'s (inside a job: the job's). Raises
+    ``LookupError`` naming the node when Slurm does not know it.
+    """
+    return node_address_of(os.environ.get("SLURM_CONF"), name)
+
+
+def node_address_of(conf: Optional[str], name: str) -> str:
+    """:func:`node_address` on the cluster of ``conf``."""
+    result = slurm_cmd(conf, "scontrol", "show", "node", "-o", name)
+    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", result.stdout)
+    if result.returncode or not m:
+        raise LookupError(f"node {name!r}: no NodeAddr from scontrol ({(result.stderr or result.stdout).strip()})")
+    return m.group(1)
+
+
+def submit_host_toward_nodes(conf: Optional[str], fallback: str) -> str:
+    """This host's address on the way to the cluster's first node; ``fallback`` when that node is on loopback.
+
+    The lighthouse binds it: on the dev cluster with namespaced nodes, the bridge's address.
+    """
+    import ipaddress
+    import socket
+
+    first = (slurm_cmd(conf, "sinfo", "-h", "-N", "-o", "%N").stdout.split() or [None])[0]
+    if first is None:
+        return fallback
+    try:
+        addr = node_address_of(conf, first)
+        if ipaddress.ip_address(addr).is_loopback:
+            return fallback
+        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+            s.connect((addr, 9))  # UDP: picks the route, sends nothing
+            return s.getsockname()[0]
+    except (LookupError, ValueError, OSError):
+        return fallback

@@ -1,0 +1,101 @@
+"""Faults on Slurm: the kinds of the table (``workbench.faults.kinds``) as Slurm does them.
+
+The target is the replica group's newest submitted job that has not ended,
+from the run-state fold (``ReplicaView.current_job``: the controller's
+``submit`` event, or the ``restart`` of a spare's takeover, names its job id;
+the trainer's ``start`` event its node).
+
+| kind | what happens |
+|---|---|
+| a kind with a ``signal`` | ``scancel --signal=SIG --full JOB``: every process of the job gets it [1] |
+| ``preempt`` | ``scancel --signal=USR2 JOB`` (submitit's preemption signal): the trainer ends its step, exits |
+| ``hang`` | ``scancel --signal=STOP JOB``, then ``--signal=CONT`` after ``seconds`` |
+| ``node_down`` | ``scontrol update NodeName=N State=DOWN``: fails the jobs on it; RESUME after ``seconds`` |
+| ``partition``, ``slow_link`` | dev cluster only: the node's veth down / a ``tbf`` on it (``workbench.faults.host``) |
+| ``straggler``, ``freeze`` | the group's processes (on this host: the dev cluster) in a throttling / frozen cgroup |
+| ``slurmd_kill`` | dev cluster only: SIGKILL to the node's slurmd (the dev cluster's record), restarted after ``seconds`` |
+
+[1] A plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption.
+
+Undoing (CONT, RESUME, slurmd restart) is the detached helper's
+(``workbench.faults.undo``), so it happens even if the notebook dies. The ``resume``
+event of a node's fault has the node's name as ``target`` and ``replica_hit``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Optional
+
+from workbench.faults import undo as undo_helper
+from workbench.faults.kinds import FaultKind
+from workbench.cluster.base import FaultError
+from workbench.cluster.slurm.client import client_env, slurm_cmd
+
+NODE_KINDS = ("node_down", "slurmd_kill")
+
+
+def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str) -> dict:
+    conf = cluster.conf
+    current = view.current_job()
+    if current is None:
+        raise FaultError(f"target: replica {view.replica} has no live Slurm job to {kind.name}")
+    attempt, job_id = current
+    node = view.node if attempt == view.attempt else None
+    if (kind.name in NODE_KINDS or kind.host == "link") and not node:
+        node = slurm_cmd(conf, "squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip() or None
+    if node and ("," in node or "[" in node):  # a multi-node job: its first node
+        node = (slurm_cmd(conf, "scontrol", "show", "hostnames", node).stdout.split() or [None])[0]
+    if kind.name in NODE_KINDS and not node:
+        raise FaultError(f"target: replica {view.replica}'s job {job_id} has not started on a node yet")
+
+    def run_or_fail(*argv: str) -> None:
+        result = slurm_cmd(conf, *argv)
+        if result.returncode != 0:
+            raise FaultError(f"{kind.name}: `{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()}")
+
+    if kind.host is not None:
+        if kind.host == "link" and not node:
+            raise FaultError(f"target: replica {view.replica}'s job {job_id} has not started on a node yet")
+        return {**cluster.inject_host(kind, view, seconds, node=node), "job_id": job_id, "node": node}
+    env = client_env(conf)
+    node_fields = {"target": node, "node": node, "replica_hit": view.replica}  # a node's undo names the node
+    if kind.pauses_process:
+        run_or_fail("scancel", "--signal=STOP", job_id)
+        undo_helper.later(cluster.run_dir, kind.name, seconds, argv=["scancel", "--signal=CONT", job_id],
+                          env=env, fields={"target": view.replica, "job_id": job_id})
+    elif kind.name == "node_down":
+        run_or_fail("scontrol", "update", f"NodeName={node}", "State=DOWN",
+                    f"Reason=workbench fault ({origin}) on replica {view.replica}")
+        undo_helper.later(cluster.run_dir, kind.name, seconds,
+                          argv=["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, fields=node_fields)
+    elif kind.name == "slurmd_kill":
+        from workbench.devcluster import DevClusterError, slurmd_pid
+
+        try:
+            pid = slurmd_pid(conf, node)
+        except DevClusterError as e:
+            raise FaultError(f"slurmd_kill: {e}") from None
+        os.kill(pid, signal.SIGKILL)
+        undo_helper.later(cluster.run_dir, kind.name, seconds, always=True, backend_undo=True, env=env,
+                          fields=node_fields)
+    elif kind.signal is not None:
+        run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", "--full", job_id)
+    else:
+        run_or_fail("scancel", f"--signal={signal.Signals(cluster.preempt_signal).name[3:]}", job_id)
+    proc = view.live_proc(attempt)
+    return {"target": view.replica, "attempt": attempt, "node": node, "job_id": job_id,
+            "pid": proc.pid if proc else None}
+
+
+def undo(cluster, payload: dict) -> dict:
+    """What is left after the helper's command: a killed slurmd is restarted here."""
+    if payload["kind"] != "slurmd_kill":
+        return {}
+    import time
+
+    from workbench.devcluster import restart_slurmd
+
+    restart_slurmd(cluster.conf, payload["fields"]["node"])
+    return {"t": time.time()}

@@ -1,0 +1,1 @@
+"""The detached run controller: the loop and the collaborators it delegates to."""

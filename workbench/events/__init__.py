@@ -1,0 +1,1 @@
+"""The event log: one append-only JSONL file per writer process, read incrementally."""

@@ -1,0 +1,1 @@
+"""Experiments of many runs: sweeps, the fault matrix, the chaos soak."""

@@ -1,0 +1,120 @@
+"""The sweep controller: the detached process that submits a sweep's points and records what it did.
+
+Protocol. ``python -m workbench.experiments.sweep SWEEP_DIR`` (:func:`start`) runs in its
+own session, so the sweep outlives the kernel that started it. It submits
+point after point through ``workbench.submit`` (each point is a normal run
+directory under the run root, named ``<name>-p<i>``) whenever fewer than
+``max_parallel`` of its runs have not ended, and writes ``sweep_end`` once
+every run has. Its ``submit`` events are the index of point -> run dir, so the
+same command started again resumes a sweep without submitting a point twice.
+SIGTERM (``Sweep.stop()``) means: submit nothing more, stop the runs still
+going, write ``sweep_end state=stopped``. The files use the event-log protocol
+of ``workbench/events.py``.
+
+Not a Slurm job array: each point is itself a controller-driven run
+(lighthouse, relaunches, fault schedule), so the points are submitted one run
+at a time like any other.
+"""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any, Optional
+
+from workbench.run import detached
+from workbench.events.log import EventReader, EventWriter
+from workbench.run.handle import ENDED, Run, attach, submit
+from workbench.experiments.sweep.points import point_spec
+from workbench.experiments.sweep.sweepdir import read_record
+
+POLL_S = 0.5
+
+
+def start(sweep_dir: Path) -> subprocess.Popen:
+    """Start the sweep controller of ``sweep_dir`` detached, logging to its ``controller.log``."""
+    return detached.spawn("workbench.experiments.sweep", [str(sweep_dir)], Path(sweep_dir) / "controller.log")
+
+
+class SweepController:
+    """Submits the points, at most ``max_parallel`` unfinished runs at a time; see the module docstring."""
+
+    def __init__(self, sweep_dir: Path) -> None:
+        self.sweep_dir = Path(sweep_dir).resolve()
+        self.record = read_record(self.sweep_dir)
+        self.points = self.record["points"]
+        self.max_parallel = int(self.record["max_parallel"])
+        previous = EventReader(self.sweep_dir).poll()
+        self.runs: dict[int, Run] = {
+            e["point"]: attach(e["run_dir"]) for e in previous if e.get("kind") == "submit"
+        }
+        self.errors = {e["point"] for e in previous if e.get("kind") == "point_error"}
+        self.writer = EventWriter(self.sweep_dir, "controller", sweep=self.record["sweep_id"])
+        self.stopping = False
+
+    def _on_stop_signal(self, *_: Any) -> None:
+        self.stopping = True
+
+    def run(self) -> str:
+        signal.signal(signal.SIGTERM, self._on_stop_signal)
+        signal.signal(signal.SIGINT, self._on_stop_signal)
+        self.writer.emit("start", role="sweep-controller", points=len(self.points), max_parallel=self.max_parallel,
+                         resumed=len(self.runs))
+        state, reason = "failed", ""
+        try:
+            state, reason = self._loop()
+        except Exception as e:
+            reason = f"sweep controller error: {type(e).__name__}: {e}"
+            import traceback
+
+            traceback.print_exc()
+            self._stop_runs()
+        finally:
+            self.writer.emit("sweep_end", state=state, reason=reason,
+                             points={i: r.state() for i, r in sorted(self.runs.items())})
+            self.writer.close()
+        return state
+
+    def _loop(self) -> tuple[str, str]:
+        pending = [i for i in range(len(self.points)) if i not in self.runs and i not in self.errors]
+        while True:
+            if self.stopping:
+                self._stop_runs()
+                return "stopped", "stop requested"
+            live = [r for r in self.runs.values() if r.state() not in ENDED]
+            while pending and len(live) < self.max_parallel and not self.stopping:
+                i = pending.pop(0)
+                try:
+                    spec = point_spec(self.record["base"], self.points[i], i)
+                    run = submit(spec)
+                except Exception as e:
+                    self.errors.add(i)
+                    self.writer.emit("point_error", point=i, message=f"{type(e).__name__}: {e}")
+                    continue
+                self.runs[i] = run
+                live.append(run)
+                self.writer.emit("submit", point=i, run_id=run.id, run_dir=str(run.run_dir), params=self.points[i])
+            if not pending and not live:
+                return "completed", ""
+            time.sleep(POLL_S)
+
+    def _stop_runs(self) -> None:
+        for run in self.runs.values():
+            if run.state() not in ENDED:
+                try:
+                    run.stop()
+                except Exception as e:  # keep stopping the others
+                    self.writer.emit("warning", message=f"stopping {run.id}: {type(e).__name__}: {e}")
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if len(argv) != 1:
+        print("usage: python -m workbench.experiments.sweep SWEEP_DIR", file=sys.stderr)
+        return 2
+    state = SweepController(Path(argv[0])).run()
+    return 0 if state in ("completed", "stopped") else 1
+

@@ -1,0 +1,1 @@
+"""Fault kinds: the table, targeting, injection, armed faults, host faults and their undo."""

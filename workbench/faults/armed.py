@@ -1,0 +1,120 @@
+"""Armed faults: a fault kind with a ``trigger`` waits for an event of the trainer's own, then fires.
+
+``kill_during_checkpoint`` must land while a checkpoint is being written. A
+save of the small models here takes milliseconds, shorter than any poll, so
+the protocol makes the window an event-driven handshake instead of a race:
+
+1. ``faults.inject`` (a notebook, the CLI, the controller's schedule) *arms*
+   it: writes ``<run_dir>/armed/<trigger>-r<target>.json`` and records an
+   ``armed`` event (action, target, origin). Nothing is signalled yet.
+2. The target's checkpoint writer, at the start of each save, looks for
+   the arm file (:func:`is_armed`) and emits ``checkpoint state=started``
+   with ``held=True`` if it was there; it writes its temporary file and, only
+   for a held save, waits before the commit (the rename), as a save to slow
+   storage would, for at most :data:`HOLD_S` (:func:`hold_while_armed`; a
+   test aid that only an armed run ever meets).
+3. The run controller (:class:`Triggers`) pairs the ``armed`` event with a
+   ``started`` event marked ``held``, in whichever order it reads the two,
+   and injects the kind for real (the backend's SIGKILL, with
+   ``checkpoint_step``), then removes the arm file: the next attempt saves
+   normally.
+
+So the kill lands between the save's start and its commit marker, and the
+restart finds the temporary file and the previous durable checkpoint. The
+writer decides, and says, which save it holds: an arm that appears while a
+save is already under way waits for the next save. (Deciding on both sides
+by timestamps raced: an arm written mid-save made the writer hold a save the
+controller would not kill, for the full :data:`HOLD_S`, which outlasted
+gloo's 30 s collective timeout on the writer's peers: measured on a loaded
+2-core machine, the attempt died of that timeout and the kill hit the next one.)
+
+``kill_in_allreduce`` is the same handshake around a collective: the group's
+process, about to join an all-reduce across groups (the first one of a sync
+or of a step), finds the arm file, emits ``held`` (``trigger="allreduce"``)
+and waits there, so its peers enter the all-reduce and wait for it inside;
+the controller's SIGKILL then lands with every peer blocked on the dead
+group, the case that costs a whole ``pg_timeout_ms`` (docs/classroom.md).
+A hold that ends without the kill (disarmed, or :data:`HOLD_S` passed) says
+``held`` with ``released=True``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+from typing import Optional
+
+from workbench.run.rundir import write_json_text
+
+ARMED_DIR = "armed"
+HOLD_S = 30.0
+POLL_S = 0.05
+
+
+def arm_path(run_dir, trigger: str, replica: int) -> Path:
+    return Path(run_dir) / ARMED_DIR / f"{trigger}-r{int(replica)}.json"
+
+
+def arm(run_dir, trigger: str, replica: int, record: dict) -> None:
+    path = arm_path(run_dir, trigger, replica)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    write_json_text(path, json.dumps(record))
+
+
+def disarm(run_dir, trigger: str, replica: int) -> None:
+    arm_path(run_dir, trigger, replica).unlink(missing_ok=True)
+
+
+def is_armed(run_dir, trigger: str, replica: int) -> bool:
+    """In the trainer, at the start of a save: hold this one (say so with ``held=True`` on ``started``)."""
+    return arm_path(run_dir, trigger, replica).exists()
+
+
+def hold_while_armed(run_dir, trigger: str, replica: int, limit_s: float = HOLD_S) -> float:
+    """In the trainer, inside a held save: wait while the arm file is there (the controller kills or disarms)."""
+    path = arm_path(run_dir, trigger, replica)
+    t0 = time.monotonic()
+    while path.exists() and time.monotonic() - t0 < limit_s:
+        time.sleep(POLL_S)
+    return time.monotonic() - t0
+
+
+class Triggers:
+    """The controller's side: which armed faults the events just folded make due.
+
+    An arm and its trigger pair by (trigger, target), in whichever order they
+    are read. Trigger events: ``checkpoint`` with ``state="started"`` and
+    ``held`` (trigger ``"checkpoint"``), and ``held`` (its ``trigger`` field).
+    A held trigger that ends without the fault (a durable checkpoint; a
+    ``held`` with ``released``) is forgotten.
+    """
+
+    def __init__(self) -> None:
+        self.armed: dict[tuple[str, int], dict] = {}  # (trigger, target) -> its armed event
+        self.held: dict[tuple[str, int], dict] = {}  # (trigger, replica) -> the event that holds, not yet released
+
+    def observe(self, e: dict) -> Optional[tuple[dict, dict]]:
+        """(armed event, trigger event) when ``e`` completes a pair, else None."""
+        kind, replica = e.get("kind"), e.get("replica")
+        if kind == "armed" and isinstance(e.get("target"), int):
+            key = (e.get("trigger") or "checkpoint", e["target"])
+            if key in self.held:
+                return e, self.held.pop(key)
+            self.armed[key] = e
+            return None
+        if replica is None:
+            return None
+        if kind == "checkpoint":
+            key, holds, released = ("checkpoint", replica), e.get("state") == "started" and e.get("held"), e.get("durable")
+        elif kind == "held":
+            key, holds, released = (e.get("trigger"), replica), not e.get("released"), e.get("released")
+        else:
+            return None
+        if holds:
+            if key in self.armed:
+                return self.armed.pop(key), e
+            self.held[key] = e
+        elif released:
+            self.held.pop(key, None)
+        return None

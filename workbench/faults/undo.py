@@ -1,0 +1,116 @@
+"""Undoing a timed fault (a hang's SIGCONT, a node's RESUME) from a detached helper.
+
+The helper outlives the notebook or CLI that injected the fault, so a hang
+ends even if the kernel dies. It is this module, started as ``python -m
+workbench.faults.undo PAYLOAD``. Before it sleeps until ``until`` it loads what
+recording needs (the event writer, the run record); ``import workbench`` is lazy
+(PEP 562), so that is all it loads, not pandas and pydantic, which took about a
+second on a quiet host and several on a busy one. It then does the primitive part: signals
+(each to a process whose start time still matches the one recorded, see
+``workbench.cluster.procs``) and/or one command (``ip link set up``, ``scancel
+--signal=CONT``), and records the undo at once as a ``fault`` event with
+``action="resume"`` and ``resumed=<kind>``.
+
+The record must land before the victim's first step after the undo: a live
+check that reads the log (the network-faults notebook's "the cut-off side
+commits nothing") cannot tell a commit after a partition ends from one made
+while it held until the ``resume`` is there. With the import between undo and
+record, a group whose link came back healed and committed 24 steps before its
+``resume`` was written (CI, 2 cores under load).
+
+A backend with more to do after the primitive (``backend_undo``: restart a
+killed slurmd) imports the full package for ``Cluster.undo`` and records after
+it, with the fields it returns.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Callable, Optional
+
+from workbench.paths import CHECKOUT
+
+def later(run_dir, kind: str, seconds: float, signals: Optional[list] = None, argv: Optional[list[str]] = None,
+          fields: Optional[dict] = None, env: Optional[dict] = None, always: bool = False,
+          backend_undo: bool = False) -> list:
+    """Undo fault ``kind`` ``seconds`` from now; ``signals``: ``[pid, host, started, sig]`` each;
+    ``backend_undo``: then call the backend's ``Cluster.undo``. Returns the helper's identity
+    ``[pid, host, started]`` (a stop mid-fault ends it)."""
+    payload = {"until": time.time() + float(seconds), "run_dir": str(run_dir), "kind": kind,
+               "signals": signals or [], "argv": argv, "fields": fields or {}, "always": always,
+               "backend_undo": backend_undo}
+    helper = subprocess.Popen(
+        [sys.executable, "-m", "workbench.faults.undo", json.dumps(payload)], env=env or dict(os.environ),
+        cwd=str(CHECKOUT),
+        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+    )
+    from workbench.cluster.procs import HOST, start_time
+
+    return [helper.pid, HOST, start_time(helper.pid)]
+
+
+def recorder(payload: dict) -> Callable[[float], None]:
+    """In the helper, before it sleeps: a function that records the ``resume`` event at time ``t``.
+
+    Everything it needs is imported and the run record read here, so that recording after the
+    undo is one write; unless ``backend_undo``, whose ``Cluster.undo`` needs the full package.
+    """
+    from workbench.events.log import EventWriter
+    from workbench.run.rundir import read_record
+
+    run_dir = Path(payload["run_dir"])
+    run_record = read_record(run_dir)
+    writer = EventWriter(run_dir, f"control-{os.getpid()}", run=run_record["run_id"])
+
+    def record(t: float) -> None:
+        extra = {}
+        if payload.get("backend_undo"):
+            from workbench.cluster import make_cluster
+            from workbench.spec.models import Spec
+
+            extra = make_cluster(Spec.model_validate(run_record["spec"]), run_dir).undo(payload) or {}
+        writer.emit("fault", **{"t": t, "action": "resume", "resumed": payload["kind"], "origin": "schedule",
+                                **payload["fields"], **extra})
+
+    return record
+
+
+def _start_time(pid: int) -> float:
+    """``workbench.cluster.procs.start_time``, without importing psutil before the undo."""
+    with open(f"/proc/{pid}/stat", "rb") as f:
+        return round(int(f.read().rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK"), 3)
+
+
+def main(payload: dict) -> None:
+    """The helper: load the recorder, sleep until ``until``, undo, record at once."""
+    try:
+        record: Optional[Callable[[float], None]] = recorder(payload)
+    except Exception:
+        record = None  # the undo still happens; recording is tried again after it
+    time.sleep(max(0.0, payload["until"] - time.time()))
+    acted = False
+    for pid, _host, started, sig in payload.get("signals") or []:
+        try:
+            if started is not None and abs(_start_time(pid) - started) <= 0.05:
+                os.kill(pid, sig)
+                acted = True
+        except Exception:
+            pass
+    if payload.get("argv"):
+        subprocess.run(payload["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL)
+        acted = True
+    if acted or payload.get("always"):
+        done = time.time()
+        if record is None:
+            record = recorder(payload)
+        record(done)
+
+
+if __name__ == "__main__":
+    main(json.loads(sys.argv[1]))

@@ -1,0 +1,1 @@
+"""The one fold of the event log: run state, replica and node views, the checkpoint ledger."""

@@ -1,0 +1,495 @@
+"""The run state: one incremental fold of the event log that everything reads.
+
+:class:`RunState` takes events in the order an :class:`~workbench.events.log.EventReader`
+returns them (``apply`` any number of times, each with only the new ones) and
+keeps, per replica group, a :class:`ReplicaView`: its state, current attempt,
+that attempt's process identity (PID, start time, host), Slurm job id and node,
+step, last heartbeat and loss. Also: the run's state, the controller's and the
+lighthouse's processes, the spares, and the counts the CLI prints. ``Run``,
+``workbench status``, the dashboard's tiles, the controller and fault
+targeting all read this one fold; nobody re-reads the log to answer "which
+process is replica r now".
+
+Replica states, from the events of one group:
+
+============== ================================================================
+pending        submitted (or planned), no ``start`` yet
+starting       ``start``/``phase`` of the current attempt, no step yet
+healing        a ``heal``, or a step with ``participating=false``, not yet
+               followed by a committed step
+participating  committed steps
+hung           a fault whose kind pauses the process (``hang``), or the
+               controller's ``hang`` event, and no progress since: no
+               ``resume``, the step has not advanced, ``seconds`` not passed
+dead           a fault whose kind ends the process, an ``exit`` with reason
+               ``error``, or a controller ``job`` event that ended unclean;
+               stays dead until a newer attempt starts (late events of the
+               dead attempt are ignored)
+finished       ``exit`` with reason ``completed``
+stopped        ``exit`` with reason ``stopped`` or ``preempted`` (a preemption
+               the workbench did not inject)
+============== ================================================================
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import time
+from typing import Callable, Iterable, Optional
+
+from workbench.faults import kinds as faultkinds
+from workbench.state.checkpoints import CheckpointLedger
+from workbench.state.nodes import NodeMap, hit_by
+from workbench.cluster.procs import Proc
+
+REPLICA_STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
+TERMINAL = ("completed", "failed", "stopped")
+MAX_REPLICAS = 4096
+
+
+@dataclasses.dataclass
+class ReplicaView:
+    """One replica group as the fold sees it."""
+
+    replica: int
+    state: str = "pending"
+    attempt: int = 0
+    proc: Optional[Proc] = None
+    job_id: Optional[str] = None
+    node: Optional[str] = None
+    step: Optional[int] = None
+    committed_step: int = 0
+    loss: Optional[float] = None
+    last_seen: Optional[float] = None
+    step_time_s: Optional[float] = None
+    tokens_per_s: Optional[float] = None
+    mem_gb: Optional[float] = None
+    hosts: list = dataclasses.field(default_factory=list)
+    restarts: int = 0
+    heals: int = 0
+    faults: int = 0  # injected into this group (a resume is none)
+    steps_lost: int = 0
+    diverged_at: Optional[int] = None  # the first step whose loss was NaN or infinite
+    dead_attempt: int = -1
+    hang: Optional[dict] = None
+    waiting: Optional[str] = None  # its last heartbeat said it waits for its peers ("sync"), no step since
+    waited_t: Optional[float] = None  # the last heartbeat that said so
+    impaired: Optional[dict] = None  # a fault that slows or cuts it off while it runs: kind, t, seconds
+    procs: dict = dataclasses.field(default_factory=dict)  # attempt -> Proc
+    jobs: dict = dataclasses.field(default_factory=dict)  # attempt -> job id
+    exited: set = dataclasses.field(default_factory=set)  # attempts that wrote exit or whose job ended
+    ended_jobs: set = dataclasses.field(default_factory=set)  # attempts whose job the controller saw end
+
+    def heartbeat_age(self, now: Optional[float] = None) -> Optional[float]:
+        if self.last_seen is None or self.state in ("dead", "finished", "stopped"):
+            return None
+        return max(0.0, (now if now is not None else time.time()) - self.last_seen)
+
+    def current_job(self) -> Optional[tuple[int, str]]:
+        """(attempt, job id) of the newest submitted attempt whose job has not ended."""
+        for a in sorted(self.jobs, reverse=True):
+            return None if a in self.ended_jobs else (a, self.jobs[a])
+        return None
+
+    def live_proc(self, attempt: Optional[int] = None) -> Optional[Proc]:
+        """The process of ``attempt`` (default: the current one) if it has not exited."""
+        a = self.attempt if attempt is None else attempt
+        return None if a in self.exited else self.procs.get(a)
+
+    def as_dict(self) -> dict:
+        return {
+            "state": self.state, "impaired": self.impaired["kind"] if self.impaired else None,
+            "attempt": self.attempt, "step": self.step or 0,
+            "pid": self.proc.pid if self.proc else None, "host": self.proc.host if self.proc else None,
+            "job_id": self.job_id, "node": self.node, "t": self.last_seen, "loss": self.loss,
+            "restarts": self.restarts, "diverged_at": self.diverged_at,
+        }
+
+
+class RunState:
+    """The fold; see the module docstring. ``subscribe`` gets each applied batch."""
+
+    def __init__(self, replicas: int, steps: int = 0) -> None:
+        self.groups = replicas  # replica groups, or the ranks of a one-job trainer (each writes its own events)
+        self.replicas: dict[int, ReplicaView] = {r: ReplicaView(r) for r in range(replicas)}
+        self.steps_planned = steps
+        self.run_end: Optional[dict] = None
+        self.started = False
+        self.stepped = False
+        self.controller: Optional[Proc] = None
+        self.lighthouse: Optional[Proc] = None
+        self.lighthouse_up = False
+        self.lighthouse_procs: list[Proc] = []
+        self.spares: dict[int, Proc] = {}
+        self.restores: list[dict] = []
+        self.checkpoints = CheckpointLedger()
+        self.nodes = NodeMap()  # which node each part of each group runs on (workbench.state.nodes)
+        self.max_committed = 0
+        self.faults = self.restarts = self.heals = 0
+        self.host_faults: dict = {}  # (kind, replica) -> a machine fault's event (hostfaults), until its resume
+        self.events_seen = 0
+        self.bad_events = 0
+        self.t0: Optional[float] = None
+        self.last_event_t: Optional[float] = None
+        self._subscribers: list[Callable[[list[dict]], None]] = []
+
+    # -- folding -------------------------------------------------------------
+    def apply(self, events: Iterable[dict]) -> list[dict]:
+        batch = list(events)
+        for e in batch:
+            self._apply_one(e)
+        for fn in list(self._subscribers):
+            fn(batch)
+        return batch
+
+    def subscribe(self, fn: Callable[[list[dict]], None]) -> Callable[[], None]:
+        self._subscribers.append(fn)
+        return lambda: self._subscribers.remove(fn) if fn in self._subscribers else None
+
+    def view(self, replica) -> Optional[ReplicaView]:
+        if replica is None or isinstance(replica, bool):
+            return None
+        try:
+            r = int(replica)
+        except (TypeError, ValueError):
+            return None
+        if r not in self.replicas:
+            if r < 0 or r > MAX_REPLICAS:
+                return None
+            self.replicas[r] = ReplicaView(r)
+        return self.replicas[r]
+
+    def _apply_one(self, e: dict) -> None:
+        kind = e.get("kind")
+        t = e.get("t")
+        t = float(t) if isinstance(t, (int, float)) else 0.0
+        self.events_seen += 1
+        self.last_event_t = t
+        if self.t0 is None or (t and t < self.t0):
+            self.t0 = t
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is None:
+            return
+        if kind not in _CHECKS_INLINE and not well_formed(e):
+            self.bad_events += 1
+            return
+        try:
+            handler(self, e, t)
+        except (TypeError, ValueError, KeyError, AttributeError):  # a malformed event: counted, skipped
+            self.bad_events += 1
+
+    def _own(self, e: dict) -> Optional[ReplicaView]:
+        """The view of a replica's own event, or None if it is a stale attempt's."""
+        if e.get("role") == "controller":
+            return None
+        v = self.view(e.get("replica"))
+        if v is None:
+            return None
+        attempt = _int(e.get("attempt"))
+        if attempt < v.attempt or attempt <= v.dead_attempt:
+            return None
+        if attempt > v.attempt:
+            v.attempt = attempt
+            v.hang = None
+            v.proc = v.procs.get(attempt)
+            v.job_id = v.jobs.get(attempt, v.job_id)
+        return v
+
+    def _on_start(self, e: dict, t: float) -> None:
+        self.started = True
+        if e.get("role") == "controller":
+            self.controller = Proc.from_event(e)
+            return
+        if e.get("spare") is not None and e.get("replica") is None:
+            proc = Proc.from_event(e)
+            if proc is not None:
+                self.spares[_int(e["spare"])] = proc
+            return
+        v = self.view(e.get("replica"))
+        if v is None:
+            return
+        proc = Proc.from_event(e)
+        self.nodes.start(e, proc)
+        if _int(e.get("task")) > 0:  # another node's part of a group: placement only (workbench.state.nodes)
+            return
+        if proc is not None:
+            v.procs[_int(e.get("attempt"))] = proc
+        v = self._own(e)
+        if v is None:
+            return
+        v.proc = proc
+        v.state = "starting"
+        v.last_seen = t
+        v.node = e.get("node") or v.node
+        if e.get("job_id") and _int(e.get("attempt")) not in v.jobs:
+            v.jobs[v.attempt] = str(e["job_id"])
+            v.job_id = v.jobs[v.attempt]
+        host = e.get("node") or e.get("host")
+        if host and host not in v.hosts:
+            v.hosts.append(host)
+
+    def _on_submit(self, e: dict, t: float) -> None:
+        v = self.view(e.get("replica"))
+        if v is None or e.get("job_id") is None:
+            return
+        attempt = _int(e.get("attempt"))
+        v.jobs[attempt] = str(e["job_id"])
+        if attempt == v.attempt:
+            v.job_id = v.jobs[attempt]
+
+    def _on_restart(self, e: dict, t: float) -> None:
+        self.restarts += 1
+        v = self.view(e.get("replica"))
+        if v is None:
+            return
+        v.restarts += 1
+        if e.get("job_id") is not None:  # a spare took over: its job is the group's next attempt
+            v.jobs[_int(e.get("attempt"))] = str(e["job_id"])
+
+    def _on_phase(self, e: dict, t: float) -> None:
+        v = self._own(e)
+        if v is not None:
+            v.last_seen = t
+            if v.state == "pending":
+                v.state = "starting"
+            if e.get("phase") == "restored":
+                lost = max(0, (v.step or 0) - _int(e.get("from_step")))
+                v.steps_lost += lost
+                self.restores.append({"event": e, "replica": v.replica, "lost": lost})
+
+    def _progress(self, v: ReplicaView, e: dict, t: float) -> bool:
+        """Record liveness; returns False while the group is hung."""
+        v.last_seen = t
+        step = e.get("step")
+        if v.hang is not None:
+            h = v.hang
+            advanced = isinstance(step, int) and h["step"] is not None and step > h["step"]
+            expired = h["seconds"] is not None and t >= h["t"] + h["seconds"]
+            if not (advanced or expired):
+                return False
+            v.hang = None
+        return True
+
+    def _on_heartbeat(self, e: dict, t: float) -> None:
+        v = self._own(e)
+        if v is None or not self._progress(v, e, t):
+            return
+        if v.state == "hung":
+            v.state = "participating"
+        v.waiting = e.get("waiting")
+        if v.waiting:
+            v.waited_t = t
+        if isinstance(e.get("step"), int):
+            v.step = e["step"]
+
+    def _on_step(self, e: dict, t: float) -> None:
+        self.stepped = True
+        committed = bool(e.get("committed", True))
+        step = e.get("step")
+        if committed and isinstance(step, int):
+            self.max_committed = max(self.max_committed, step)
+        if self.checkpoints.open:
+            self.checkpoints.stepped(e)
+        v = self._own(e)
+        if v is None or not self._progress(v, e, t):
+            return
+        v.waiting = None
+        if isinstance(step, int):
+            v.step = step
+            if committed:
+                v.committed_step = max(v.committed_step, step)
+        loss = e.get("loss")
+        if isinstance(loss, (int, float)) and not isinstance(loss, bool):
+            v.loss = float(loss)
+            if not math.isfinite(loss) and v.diverged_at is None and e.get("participating") is not False:
+                v.diverged_at = step if isinstance(step, int) else v.step
+        for field in ("step_time_s", "tokens_per_s", "mem_gb"):
+            if e.get(field) is not None:
+                setattr(v, field, e[field])
+        if e.get("participating") is False:
+            v.state = "healing"
+        elif committed:
+            v.state = "participating"
+        elif v.state in ("starting", "pending", "hung"):
+            v.state = "healing"
+
+    def _on_heal(self, e: dict, t: float) -> None:
+        self.heals += 1
+        group = self.view(e.get("replica"))
+        if group is not None:
+            group.heals += 1
+        v = self._own(e)
+        if v is not None:
+            v.state = "healing"
+            v.last_seen = t
+
+    def _on_fault(self, e: dict, t: float) -> None:
+        action = e.get("action")
+        if action != faultkinds.RESUME:
+            self.faults += 1
+        if hit_by(action, e.get("node")):  # every group with a part on the node, not only the target
+            self.nodes.fault(action, e["node"])
+            for r in self.nodes.groups_on(e["node"], self.attempts()):
+                self._ended(self.replicas[r], faultkinds.kind(action))
+        elif action == faultkinds.RESUME and hit_by(e.get("resumed"), e.get("node")):
+            self.nodes.resume(e["node"])
+        v = self.view(e.get("target")) if e.get("target") != "lighthouse" else None
+        if v is None:
+            return
+        if action != faultkinds.RESUME:
+            v.faults += 1
+        k = faultkinds.kind(action)
+        if k is not None and k.host:
+            self.host_faults[(action, v.replica)] = e
+        elif action == faultkinds.RESUME:
+            self.host_faults.pop((e.get("resumed"), v.replica), None)
+        if k is not None and k.ends_process:
+            self._ended(v, k)
+        elif k is not None and k.pauses_process:
+            v.state = k.state_after or "hung"
+            v.hang = {"t": t, "step": v.step, "seconds": e.get("seconds")}
+        elif k is not None and k.impairs:
+            v.impaired = {"kind": action, "t": t, "seconds": e.get("seconds")}
+        elif action == faultkinds.RESUME:
+            if v.impaired and v.impaired["kind"] == e.get("resumed"):
+                v.impaired = None
+            if v.state == "hung":
+                v.hang = None
+                v.state = "participating"
+
+    @staticmethod
+    def _ended(v: ReplicaView, k) -> None:
+        v.state = k.state_after or "dead"
+        v.dead_attempt = max(v.dead_attempt, v.attempt)
+        v.hang = None
+
+    def _on_node_health(self, e: dict, t: float) -> None:
+        self.nodes.sampled(e)
+
+    def _on_checkpoint(self, e: dict, t: float) -> None:
+        self.checkpoints.apply(e, t)
+
+    def _on_hang(self, e: dict, t: float) -> None:
+        v = self.view(e.get("target", e.get("replica")))
+        if v is not None and v.state not in ("dead", "finished", "stopped"):
+            v.state = "hung"
+            v.hang = {"t": t, "step": v.step, "seconds": None}
+
+    def _on_exit(self, e: dict, t: float) -> None:
+        if e.get("role") == "controller":
+            return
+        v = self.view(e.get("replica"))
+        if v is not None:
+            v.exited.add(_int(e.get("attempt")))
+        v = self._own(e)
+        if v is None:
+            return
+        reason = e.get("reason")
+        v.last_seen = t
+        if reason == "completed":
+            v.state = "finished"
+        elif reason in ("stopped", "preempted"):
+            v.state = "stopped"
+        else:
+            v.state = "dead"
+            v.dead_attempt = max(v.dead_attempt, v.attempt)
+
+    def _on_job(self, e: dict, t: float) -> None:
+        v = self.view(e.get("replica"))
+        if v is None or e.get("state") != "ended":
+            return
+        attempt = _int(e.get("attempt"))
+        v.exited.add(attempt)
+        v.ended_jobs.add(attempt)
+        if not e.get("clean", True) and attempt >= v.attempt and v.state not in ("finished", "stopped"):
+            v.state = "dead"
+            v.dead_attempt = max(v.dead_attempt, attempt)
+
+    def _on_lighthouse(self, e: dict, t: float) -> None:
+        up = e.get("state") == "up"
+        self.lighthouse_up = up
+        if up:
+            self.lighthouse = Proc.from_event(e)
+            if self.lighthouse is not None:
+                self.lighthouse_procs.append(self.lighthouse)
+
+    def _on_run_end(self, e: dict, t: float) -> None:
+        self.run_end = e
+
+    # -- answers -------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """pending | starting | running | completed | failed | stopped."""
+        return run_state(self.run_end, self.started, self.stepped)
+
+    def processes(self) -> list[Proc]:
+        """Every process the run recorded: controller, lighthouses, every attempt, spares."""
+        out = [self.controller] if self.controller else []
+        out += self.lighthouse_procs
+        for v in self.replicas.values():
+            out += list(v.procs.values())
+        out += list(self.spares.values()) + self.nodes.procs()
+        seen, unique = set(), []
+        for p in out:
+            if p is not None and (p.pid, p.host) not in seen:
+                seen.add((p.pid, p.host))
+                unique.append(p)
+        return unique
+
+    def attempts(self) -> dict[int, int]:
+        """Replica -> its current attempt."""
+        return {r: v.attempt for r, v in self.replicas.items()}
+
+    def live_processes(self) -> list[Proc]:
+        return [p for p in self.processes() if p.alive()]
+
+    def progress(self) -> tuple[int, int]:
+        return min(self.max_committed, self.steps_planned), self.steps_planned
+
+    def counts(self) -> dict:
+        return {"faults": self.faults, "restarts": self.restarts, "heals": self.heals}
+
+    def checkpoint_status(self) -> dict:
+        """The last durable checkpoint and the saves that did not commit (``checkpoint_ledger``)."""
+        return self.checkpoints.status(self.replicas)
+
+
+_FIELD_TYPES = {  # a field that is present must have one of these types (None: absent is fine)
+    "replica": (int, type(None)), "attempt": (int, type(None)), "step": (int, type(None)),
+    "action": (str,), "target": (int, str, type(None)), "state": (str, type(None)),
+    "reason": (str, type(None)), "job_id": (str, int, type(None)), "spare": (int, type(None)),
+}
+
+
+_HANDLERS = {name[4:]: fn for name, fn in vars(RunState).items() if name.startswith("_on_")}
+_CHECKS_INLINE = frozenset({"step", "heartbeat"})  # the hot kinds, whose handlers check each field they use
+
+
+def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
+    if run_end is not None:
+        return run_end.get("state") or "failed"
+    if stepped:
+        return "running"
+    return "starting" if started else "pending"
+
+
+def run_state_of(events: list[dict]) -> str:
+    """The run's state from a list of events, as the fold would say it."""
+    ends = [e for e in events if e.get("kind") == "run_end"]
+    return run_state(ends[-1] if ends else None, any(e.get("kind") == "start" for e in events),
+                     any(e.get("kind") == "step" for e in events))
+
+
+def well_formed(e: dict) -> bool:
+    """The fields the fold reads have the types the writers write (bool is no int here)."""
+    for key, types in _FIELD_TYPES.items():
+        if key in e:
+            v = e[key]
+            if isinstance(v, bool) or not isinstance(v, types):
+                return False
+    return True
+
+
+def _int(x) -> int:
+    return x if isinstance(x, int) and not isinstance(x, bool) else 0

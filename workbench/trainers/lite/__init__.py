@@ -1,0 +1,1 @@
+"""torchft-lite: the project's small decoder LM as torchft replica groups."""
