@@ -26,23 +26,69 @@ import time
 import warnings
 from pathlib import Path
 
-from . import algorithms, forkserver, heal, live_plot, machine, pipeline, recovery, report, sessions, stepcost, torchft_logs
+from . import (
+    algorithms,
+    forkserver,
+    heal,
+    live_plot,
+    machine,
+    pipeline,
+    recovery,
+    report,
+    sessions,
+    stepcost,
+    torchft_logs,
+)
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
 
 REPO = Path(__file__).resolve().parent.parent
 
 # Full / quick settings: fault-free window and repetitions, kill-recovery run, kill period.
-FULL = dict(clean_window_s=30.0, clean_reps=3, writer_ab=True, recovery_window_s=75.0, recovery_every_s=12.5,
-            kill_every_s=60.0, kill_window_s=180.0, checkpoint_every_s=10.0,
-            log_route_reps=3, log_route_window_s=20.0, stepcost_reps=5, stepcost_window_s=16.0,
-            stepcost_pair_reps=5)
-QUICK = dict(clean_window_s=15.0, clean_reps=1, writer_ab=False, recovery_window_s=0.0, recovery_every_s=0.0,
-             kill_every_s=20.0, kill_window_s=40.0, checkpoint_every_s=5.0,
-             log_route_reps=1, log_route_window_s=10.0, stepcost_reps=1, stepcost_window_s=10.0,
-             stepcost_pair_reps=0)
+FULL = dict(
+    clean_window_s=30.0,
+    clean_reps=3,
+    writer_ab=True,
+    recovery_window_s=75.0,
+    recovery_every_s=12.5,
+    kill_every_s=60.0,
+    kill_window_s=180.0,
+    checkpoint_every_s=10.0,
+    log_route_reps=3,
+    log_route_window_s=20.0,
+    stepcost_reps=5,
+    stepcost_window_s=16.0,
+    stepcost_pair_reps=5,
+)
+QUICK = dict(
+    clean_window_s=15.0,
+    clean_reps=1,
+    writer_ab=False,
+    recovery_window_s=0.0,
+    recovery_every_s=0.0,
+    kill_every_s=20.0,
+    kill_window_s=40.0,
+    checkpoint_every_s=5.0,
+    log_route_reps=1,
+    log_route_window_s=10.0,
+    stepcost_reps=1,
+    stepcost_window_s=10.0,
+    stepcost_pair_reps=0,
+)
 
 
-SECTIONS = ("clean", "recovery", "spare", "faulted", "log_route", "pipeline", "stepcost", "heal", "algorithms", "live_plot", "forkserver")
+SECTIONS = (
+    "clean",
+    "recovery",
+    "spare",
+    "faulted",
+    "log_route",
+    "pipeline",
+    "stepcost",
+    "heal",
+    "algorithms",
+    "live_plot",
+    "forkserver",
+)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -50,11 +96,19 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="smoke test: short windows, one repetition (~3-5 min)")
     ap.add_argument("--out", default=str(REPO / "docs" / "benchmarks.md"))
     ap.add_argument("--run-root", default=None, help="where the benchmark runs go (default: a temporary folder)")
-    ap.add_argument("--only", default=None,
-                    help=f"comma-separated subset of {','.join(SECTIONS)}: run only these and replace only their "
-                         "sections of --out (the rest of the document stays as the last full run wrote it)")
-    ap.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                    help="override one setting of the mode (e.g. clean_window_s=10, writer_ab=true)")
+    ap.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated subset of {','.join(SECTIONS)}: run only these and replace only their "
+        "sections of --out (the rest of the document stays as the last full run wrote it)",
+    )
+    ap.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one setting of the mode (e.g. clean_window_s=10, writer_ab=true)",
+    )
     args = ap.parse_args(argv)
     only = set(args.only.split(",")) if args.only else set(SECTIONS)
     unknown = only - set(SECTIONS)
@@ -72,11 +126,28 @@ def main(argv: list[str] | None = None) -> int:
     img = out.parent / "img"
     img.mkdir(parents=True, exist_ok=True)
     t_start = time.time()
-    info = {**machine.describe(), "mode": "quick" if args.quick else "full", "settings": cfg,
-            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "only": sorted(only) if args.only else None, "set": args.set}
+    info = {
+        **machine.describe(),
+        "mode": "quick" if args.quick else "full",
+        "settings": cfg,
+        "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+        "only": sorted(only) if args.only else None,
+        "set": args.set,
+    }
     print(f"bench ({info['mode']}): {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
 
-    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg, lp, fork = [], [], [], [], None, None, None, None, None, None
+    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg, lp, fork = (
+        [],
+        [],
+        [],
+        [],
+        None,
+        None,
+        None,
+        None,
+        None,
+        None,
+    )
     crashed: list[dict] = []
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
@@ -96,12 +167,24 @@ def main(argv: list[str] | None = None) -> int:
         if "faulted" in only:
             every, window = cfg["kill_every_s"], cfg["kill_window_s"]
             faulted = sessions.interleaved(
-                [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])], 1, window, root)
+                [TORCHFT.kills(every, window, targets=[1, 2]), ddp.kills(every, window, targets=[1, 2])],
+                1,
+                window,
+                root,
+            )
         if "log_route" in only:
             log_route = torchft_logs.measure(cfg["log_route_reps"], cfg["log_route_window_s"], root)
         if "stepcost" in only:
-            step_cost = _section(crashed, "stepcost", stepcost.measure, cfg["stepcost_reps"], cfg["stepcost_window_s"], root, ddp,
-                                 pair_reps=cfg["stepcost_pair_reps"])
+            step_cost = _section(
+                crashed,
+                "stepcost",
+                stepcost.measure,
+                cfg["stepcost_reps"],
+                cfg["stepcost_window_s"],
+                root,
+                ddp,
+                pair_reps=cfg["stepcost_pair_reps"],
+            )
         if "heal" in only:
             print("[heal bandwidth] ~250 MB of state, one kill")
             heal_bw = _section(crashed, "heal", heal.measure, root)
@@ -110,11 +193,22 @@ def main(argv: list[str] | None = None) -> int:
             fork = _section(crashed, "forkserver", forkserver.measure, 1 if args.quick else 3, root)
         if "live_plot" in only:
             print("[live plot] kernel-side update cost at 100k points, event -> drawn in chromium")
-            lp = _section(crashed, "live_plot", live_plot.run, 100_000, 50 if args.quick else 200,
-                          15.0 if args.quick else 30.0, 10.0)
+            lp = _section(
+                crashed,
+                "live_plot",
+                live_plot.run,
+                100_000,
+                50 if args.quick else 200,
+                15.0 if args.quick else 30.0,
+                10.0,
+            )
         if "algorithms" in only:
             alg_cfg = algorithms.QUICK if args.quick else algorithms.FULL
-            alg_info = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": info["mode"], "load_start": algorithms.load()}
+            alg_info = {
+                "started": time.strftime("%Y-%m-%d %H:%M %Z"),
+                "mode": info["mode"],
+                "load_start": algorithms.load(),
+            }
             alg = _section(crashed, "algorithms", algorithms.measure, alg_cfg, root)
             alg_info["load_end"] = algorithms.load()
     torchft_faulted = [r for r in kill_runs + faulted if r.spec.trainer == "torchft-lite"]
@@ -133,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
         "log_route": log_route,
         "step_cost": step_cost,
         "heal": heal_bw,
-        "errors": [{"variant": r.variant, "error": r.error} for r in clean + kill_runs + spare_runs + faulted if r.error]
+        "errors": [
+            {"variant": r.variant, "error": r.error} for r in clean + kill_runs + spare_runs + faulted if r.error
+        ]
         + [{"variant": r["variant"], "error": r["error"]} for r in (step_cost or {}).get("runs", []) if r["error"]]
         + ([{"variant": heal_bw["variant"], "error": heal_bw["error"]}] if heal_bw and heal_bw["error"] else [])
         + crashed,
@@ -157,8 +253,15 @@ def main(argv: list[str] | None = None) -> int:
     if fork is not None:
         _write_marked(out, "forkserver", forkserver.render(fork))
     if lp is not None:
-        _write_marked(out, "live_plot", ["## Live loss plot (kernel side and in chromium)", "",
-                                         *(f"- {line}" for line in live_plot.report_lines(lp))])
+        _write_marked(
+            out,
+            "live_plot",
+            [
+                "## Live loss plot (kernel side and in chromium)",
+                "",
+                *(f"- {line}" for line in live_plot.report_lines(lp)),
+            ],
+        )
     if alg is not None:
         alg["settings"] = {k: v for k, v in alg_cfg.items() if k != "timeout_s"}
         algorithms.write_section(out, algorithms.markdown(alg, alg_info))

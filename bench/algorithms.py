@@ -50,12 +50,26 @@ def points(periods) -> list[dict]:
     out = [{"ft.algorithm": "ddp", **per_step}]
     for p in periods:
         out += [
-            {"ft.algorithm": "localsgd", "ft.sync_every": p, "torchft.use_async_quorum": True,
-             "lighthouse.join_timeout_ms": 30_000},
-            {"ft.algorithm": "diloco", "ft.sync_every": p, "torchft.use_async_quorum": False,
-             "lighthouse.join_timeout_ms": 30_000},
-            {"ft.algorithm": "streaming_diloco", "ft.sync_every": p, "ft.fragments": 2, "ft.fragment_sync_delay": 1,
-             "torchft.use_async_quorum": False, "lighthouse.join_timeout_ms": 30_000},
+            {
+                "ft.algorithm": "localsgd",
+                "ft.sync_every": p,
+                "torchft.use_async_quorum": True,
+                "lighthouse.join_timeout_ms": 30_000,
+            },
+            {
+                "ft.algorithm": "diloco",
+                "ft.sync_every": p,
+                "torchft.use_async_quorum": False,
+                "lighthouse.join_timeout_ms": 30_000,
+            },
+            {
+                "ft.algorithm": "streaming_diloco",
+                "ft.sync_every": p,
+                "ft.fragments": 2,
+                "ft.fragment_sync_delay": 1,
+                "torchft.use_async_quorum": False,
+                "lighthouse.join_timeout_ms": 30_000,
+            },
         ]
     return out
 
@@ -78,12 +92,16 @@ def run_figures(run) -> dict:
     timeline = analysis.recovery_timeline(events)
     s = analysis.summary(events, run.spec, timeline)
     return {
-        "run_dir": str(run.run_dir), "state": s["state"],
+        "run_dir": str(run.run_dir),
+        "state": s["state"],
         "useful_samples_per_s": good["useful_samples"] / good["T_s"] if good.get("T_s") else None,
         "bytes_per_step": sum(e.get("bytes") or 0 for e in steps) / useful if useful else None,
-        "goodput": good["goodput"], "final_loss": compare.final_loss(compare.committed_losses(events)),
-        "survivor_stall_s": s["survivor_stall_s"], "kill_to_rejoin_s": s["kill_to_rejoin_s"],
-        "faults": s["faults"], "steps_lost": s["steps_redone"],
+        "goodput": good["goodput"],
+        "final_loss": compare.final_loss(compare.committed_losses(events)),
+        "survivor_stall_s": s["survivor_stall_s"],
+        "kill_to_rejoin_s": s["kill_to_rejoin_s"],
+        "faults": s["faults"],
+        "steps_lost": s["steps_redone"],
     }
 
 
@@ -104,15 +122,29 @@ def measure(cfg: dict, root: Path, log=print) -> dict:
     from workbench.run.replay import replay_spec
 
     pts = points(cfg["periods"])
-    base = [f"steps={cfg['steps']}", f"run_root={root}", "faults=[]", "ft.algorithm=ddp",
-            "torchft.use_async_quorum=true", "lighthouse.join_timeout_ms=1000"]
+    base = [
+        f"steps={cfg['steps']}",
+        f"run_root={root}",
+        "faults=[]",
+        "ft.algorithm=ddp",
+        "torchft.use_async_quorum=true",
+        "lighthouse.join_timeout_ms=1000",
+    ]
     t0 = time.time()
     log(f"[algorithms] fault-free sweep: {len(pts)} points, {cfg['steps']} steps each")
     clean = _finish(wb.sweep(CONFIG, base, points=pts), cfg["timeout_s"], log)
     faults = [{"action": "kill", "target": t, "at_step": s} for t, s in zip(cfg["kill_targets"], cfg["kill_steps"])]
     log(f"[algorithms] the trace: ddp with {faults}")
-    original = wb.submit(CONFIG, [*base[:2], "ft.algorithm=ddp", "torchft.use_async_quorum=true",
-                                  "lighthouse.join_timeout_ms=1000", "faults=" + json.dumps(faults)])
+    original = wb.submit(
+        CONFIG,
+        [
+            *base[:2],
+            "ft.algorithm=ddp",
+            "torchft.use_async_quorum=true",
+            "lighthouse.join_timeout_ms=1000",
+            "faults=" + json.dumps(faults),
+        ],
+    )
     original.wait(timeout=cfg["timeout_s"] / 3)
     trace, _ = replay_spec(original)
     log(f"[algorithms] its replay over {len(pts) - 1} semi-synchronous points")
@@ -120,15 +152,24 @@ def measure(cfg: dict, root: Path, log=print) -> dict:
     rows = []
     for p, c, f in zip(pts, clean, faulted):
         fc, ff = (run_figures(c) if c is not None else {}), (run_figures(f) if f is not None else {})
-        rows.append({
-            "algorithm": label(p), "samples_per_s": fc.get("useful_samples_per_s"),
-            "bytes_per_step": fc.get("bytes_per_step"), "final_loss": fc.get("final_loss"),
-            "goodput_trace": ff.get("goodput"), "final_loss_trace": ff.get("final_loss"),
-            "survivor_stall_s": ff.get("survivor_stall_s"), "kill_to_rejoin_s": ff.get("kill_to_rejoin_s"),
-            "steps_lost_trace": ff.get("steps_lost"), "faults": ff.get("faults"),
-            "state_clean": fc.get("state"), "state_trace": ff.get("state"),
-            "run_clean": fc.get("run_dir"), "run_trace": ff.get("run_dir"),
-        })
+        rows.append(
+            {
+                "algorithm": label(p),
+                "samples_per_s": fc.get("useful_samples_per_s"),
+                "bytes_per_step": fc.get("bytes_per_step"),
+                "final_loss": fc.get("final_loss"),
+                "goodput_trace": ff.get("goodput"),
+                "final_loss_trace": ff.get("final_loss"),
+                "survivor_stall_s": ff.get("survivor_stall_s"),
+                "kill_to_rejoin_s": ff.get("kill_to_rejoin_s"),
+                "steps_lost_trace": ff.get("steps_lost"),
+                "faults": ff.get("faults"),
+                "state_clean": fc.get("state"),
+                "state_trace": ff.get("state"),
+                "run_clean": fc.get("run_dir"),
+                "run_trace": ff.get("run_dir"),
+            }
+        )
     df = pd.DataFrame(rows)
     ddp = df.iloc[0]
     df.insert(2, "samples_per_s_vs_ddp", df["samples_per_s"] / ddp["samples_per_s"])
@@ -138,8 +179,17 @@ def measure(cfg: dict, root: Path, log=print) -> dict:
 
 def markdown(result: dict, info: dict) -> str:
     df = result["table"]
-    cols = ["algorithm", "samples_per_s_vs_ddp", "bytes_per_step_vs_ddp", "goodput_trace", "final_loss",
-            "final_loss_trace", "survivor_stall_s", "kill_to_rejoin_s", "steps_lost_trace"]
+    cols = [
+        "algorithm",
+        "samples_per_s_vs_ddp",
+        "bytes_per_step_vs_ddp",
+        "goodput_trace",
+        "final_loss",
+        "final_loss_trace",
+        "survivor_stall_s",
+        "kill_to_rejoin_s",
+        "steps_lost_trace",
+    ]
 
     def cell(v) -> str:
         if v is None or (isinstance(v, float) and v != v):
@@ -193,8 +243,11 @@ def main(argv: Optional[list[str]] = None) -> int:
     args = ap.parse_args(argv)
     os.nice(10)
     cfg = QUICK if args.quick else FULL
-    info = {"started": time.strftime("%Y-%m-%d %H:%M %Z"), "mode": "quick" if args.quick else "full",
-            "load_start": load()}
+    info = {
+        "started": time.strftime("%Y-%m-%d %H:%M %Z"),
+        "mode": "quick" if args.quick else "full",
+        "load_start": load(),
+    }
     with tempfile.TemporaryDirectory(prefix="wb-bench-alg-") as tmp:
         result = measure(cfg, Path(args.run_root or tmp))
     result["settings"] = {k: v for k, v in cfg.items() if k != "timeout_s"}

@@ -70,9 +70,17 @@ def synthetic_log(run_dir: Path, events: int = 100_000, faults: int = 20) -> lis
         for r in up:
             w = writers[r]
             w.emit("commit", t=t, step=step, commit_result=not vote_down)
-            w.emit("step", t=t + 0.001 * (r + 1), step=step + (0 if vote_down else 1), loss=1.0,
-                   committed=not vote_down, participating=not healing[r], participants=participants,
-                   quorum_id=quorum_id, step_time_s=DT)
+            w.emit(
+                "step",
+                t=t + 0.001 * (r + 1),
+                step=step + (0 if vote_down else 1),
+                loss=1.0,
+                committed=not vote_down,
+                participating=not healing[r],
+                participants=participants,
+                quorum_id=quorum_id,
+                step_time_s=DT,
+            )
             if k % 20 == 0:
                 w.emit("heartbeat", t=t + 0.002, step=step)
         if vote_down:
@@ -94,8 +102,14 @@ def synthetic_log(run_dir: Path, events: int = 100_000, faults: int = 20) -> lis
                 controller.emit("lighthouse", t=tf + 1.0, state="up", pid=1)
                 paused_until = k + int(1.2 / DT)
                 continue
-            control.emit("fault", t=tf, action=action, target=target, origin="schedule",
-                         seconds=2.0 if action == "hang" else None)
+            control.emit(
+                "fault",
+                t=tf,
+                action=action,
+                target=target,
+                origin="schedule",
+                seconds=2.0 if action == "hang" else None,
+            )
             vote_down = True
             down_until[target] = k + int(3.0 / DT)
             if action == "hang":
@@ -103,8 +117,9 @@ def synthetic_log(run_dir: Path, events: int = 100_000, faults: int = 20) -> lis
                 continue
             attempt[target] += 1
             controller.emit("restart", t=tf + 0.5, replica=target, attempt=attempt[target])
-            writers[target] = EventWriter(run_dir, f"replica-{target}.attempt-{attempt[target]}", run="s",
-                                          replica=target, attempt=attempt[target])
+            writers[target] = EventWriter(
+                run_dir, f"replica-{target}.attempt-{attempt[target]}", run="s", replica=target, attempt=attempt[target]
+            )
             writers[target].emit("start", t=tf + 1.0, trainer="torchft-lite", role="replica")
             writers[target].emit("phase", t=tf + 2.0, phase="imports_done", seconds=1.0)
     return sorted(EventReader(run_dir).poll(), key=lambda e: e["t"])
@@ -117,8 +132,9 @@ def load_analysis(path: str | None):
         return analysis
     p = Path(path)
     init = p / "__init__.py" if p.is_dir() else p
-    spec = importlib.util.spec_from_file_location("analysis_under_test", init,
-                                                  submodule_search_locations=[str(p)] if p.is_dir() else None)
+    spec = importlib.util.spec_from_file_location(
+        "analysis_under_test", init, submodule_search_locations=[str(p)] if p.is_dir() else None
+    )
     mod = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
@@ -137,6 +153,7 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as d:
         events = synthetic_log(Path(d), args.events, args.faults)
     n_faults = sum(1 for e in events if e["kind"] == "fault" and e.get("action") != "resume")
+
     def timed(run) -> list[float]:
         times = []
         for _ in range(args.reps):
@@ -154,8 +171,10 @@ def main(argv: list[str] | None = None) -> int:
     if "timeline" in inspect.signature(analysis.goodput).parameters:
         results["timeline, then summary + goodput given it"] = timed(shared)
     for name, times in results.items():
-        print(f"{len(events)} events, {n_faults} faults: {name}: median {statistics.median(times):.3f} s "
-              f"(of {args.reps}: {', '.join(f'{x:.3f}' for x in times)})")
+        print(
+            f"{len(events)} events, {n_faults} faults: {name}: median {statistics.median(times):.3f} s "
+            f"(of {args.reps}: {', '.join(f'{x:.3f}' for x in times)})"
+        )
     return 0
 
 

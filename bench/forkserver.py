@@ -39,11 +39,28 @@ def one(path: str, root: Path) -> dict:
     summary = analysis.summary(events, run.spec, timeline)
     row = timeline.iloc[0] if len(timeline) else {}
     fault_t = next((e["t"] for e in events if e["kind"] == "fault"), None)
-    ready = next((e["t"] for e in events if e["kind"] == "phase" and e.get("phase") == "model_ready"
-                  and e.get("replica") == 1 and e.get("attempt") == 1), None)
-    return {"model_ready_s": None if None in (fault_t, ready) else ready - fault_t,"path": path, "run_dir": str(run.run_dir), "state": run.state(), "load_1m": load,
-            "kill_to_participating_s": row.get("participating"), "replacement_started_s": row.get("replacement_started"),
-            "imports_done_s": row.get("imports_done"), "submit_to_first_step_s": summary["submit_to_first_step_s"]}
+    ready = next(
+        (
+            e["t"]
+            for e in events
+            if e["kind"] == "phase"
+            and e.get("phase") == "model_ready"
+            and e.get("replica") == 1
+            and e.get("attempt") == 1
+        ),
+        None,
+    )
+    return {
+        "model_ready_s": None if None in (fault_t, ready) else ready - fault_t,
+        "path": path,
+        "run_dir": str(run.run_dir),
+        "state": run.state(),
+        "load_1m": load,
+        "kill_to_participating_s": row.get("participating"),
+        "replacement_started_s": row.get("replacement_started"),
+        "imports_done_s": row.get("imports_done"),
+        "submit_to_first_step_s": summary["submit_to_first_step_s"],
+    }
 
 
 def measure(reps: int = 3, root: Path | None = None) -> pd.DataFrame:
@@ -52,7 +69,7 @@ def measure(reps: int = 3, root: Path | None = None) -> pd.DataFrame:
     try:
         with tempfile.TemporaryDirectory(prefix="wb-bench-fork-") as tmp:
             for i in range(reps):
-                for path in (PATHS if i % 2 == 0 else reversed(list(PATHS))):
+                for path in PATHS if i % 2 == 0 else reversed(list(PATHS)):
                     rows.append({"rep": i, **one(path, Path(root or tmp))})
                     print(f"[fork server] {rows[-1]}", flush=True)
     finally:
@@ -65,15 +82,24 @@ def measure(reps: int = 3, root: Path | None = None) -> pd.DataFrame:
 
 
 def render(df: pd.DataFrame) -> list[str]:
-    cols = ["kill_to_participating_s", "replacement_started_s", "imports_done_s", "model_ready_s",
-            "submit_to_first_step_s"]
+    cols = [
+        "kill_to_participating_s",
+        "replacement_started_s",
+        "imports_done_s",
+        "model_ready_s",
+        "submit_to_first_step_s",
+    ]
     med = df.groupby("path")[cols + ["load_1m"]].median()
-    lines = ["## Fork server vs submitit's LocalExecutor (local backend)", "",
-             f"Medians over {df.groupby('path').size().min()} runs each, back to back (alternating); "
-             "seconds; `load_1m` the median 1-minute load average at each run's start.", "",
-             "| path | kill → participating | replacement started | imports done | model ready | "
-             "submit → first step | load |",
-             "|---|---|---|---|---|---|---|"]
+    lines = [
+        "## Fork server vs submitit's LocalExecutor (local backend)",
+        "",
+        f"Medians over {df.groupby('path').size().min()} runs each, back to back (alternating); "
+        "seconds; `load_1m` the median 1-minute load average at each run's start.",
+        "",
+        "| path | kill → participating | replacement started | imports done | model ready | "
+        "submit → first step | load |",
+        "|---|---|---|---|---|---|---|",
+    ]
     for path, r in med.iterrows():
         lines.append(f"| {path} | " + " | ".join(f"{r[c]:.2f}" for c in cols) + f" | {r['load_1m']:.2f} |")
     return lines

@@ -35,15 +35,23 @@ from .sessions import Variant, run_variant
 BIG_MODEL = {"model.vocab_size": 8192, "model.dim": 448, "model.layers": 6, "model.heads": 4}
 
 
-TRANSPORTS = {"pg": {"torchft.checkpoint_transport": "pg"},
-              "http": {"torchft.checkpoint_transport": "http", "torchft.http_chunks": 0}}
+TRANSPORTS = {
+    "pg": {"torchft.checkpoint_transport": "pg"},
+    "http": {"torchft.checkpoint_transport": "http", "torchft.http_chunks": 0},
+}
 
 
 def variant(at_s: float, transport: str = "pg") -> Variant:
-    return Variant(f"torchft-lite ~250 MB state +kill, {transport} heal", {
-        "trainer": "torchft-lite", **BIG_MODEL, **TRANSPORTS[transport],
-        "torchft.timeout_s": 120.0, "faults": [{"action": "kill", "target": 1, "at_s": at_s}],
-    })
+    return Variant(
+        f"torchft-lite ~250 MB state +kill, {transport} heal",
+        {
+            "trainer": "torchft-lite",
+            **BIG_MODEL,
+            **TRANSPORTS[transport],
+            "torchft.timeout_s": 120.0,
+            "faults": [{"action": "kill", "target": 1, "at_s": at_s}],
+        },
+    )
 
 
 def loopback_copy(nbytes: int, reps: int = 3) -> dict:
@@ -78,8 +86,18 @@ def loopback_copy(nbytes: int, reps: int = 3) -> dict:
     return {"bytes": len(payload), "seconds": s, "bytes_per_s": len(payload) / s, "reps": reps}
 
 
-HEAL_KEYS = ("replica", "attempt", "step", "bytes", "seconds", "bytes_per_s", "interface", "wait_s", "transfer_s",
-             "transport")
+HEAL_KEYS = (
+    "replica",
+    "attempt",
+    "step",
+    "bytes",
+    "seconds",
+    "bytes_per_s",
+    "interface",
+    "wait_s",
+    "transfer_s",
+    "transport",
+)
 
 
 def measure(root, window_s: float = 60.0, at_s: float = 15.0, log=print, transports=("pg", "http")) -> dict:
@@ -99,8 +117,15 @@ def measure(root, window_s: float = 60.0, at_s: float = 15.0, log=print, transpo
         if timer:
             timer.join()
         heals = [e for e in rec.events if e.get("kind") == "heal" and e.get("bytes")]
-        runs.append({"variant": rec.variant, "transport": tr, "loadavg_1m": rec.loadavg[0], "error": rec.error,
-                     "heals": [{k: h.get(k) for k in HEAL_KEYS} for h in heals]})
+        runs.append(
+            {
+                "variant": rec.variant,
+                "transport": tr,
+                "loadavg_1m": rec.loadavg[0],
+                "error": rec.error,
+                "heals": [{k: h.get(k) for k in HEAL_KEYS} for h in heals],
+            }
+        )
     out = dict(runs[0], runs=runs)
     nbytes = max((h["bytes"] for r in runs for h in r["heals"]), default=250_000_000)
     out["loopback"] = loopback_copy(nbytes)
@@ -119,33 +144,54 @@ def lines(h: dict) -> list[str]:
     from .report import _f
 
     lb = h["loopback"]
-    out = ["## 7. Heal bandwidth at ~250 MB (weights + optimizer state)", "",
-           f"One torchft-lite run per checkpoint transport (`{BIG_MODEL}`), 3 groups, group 1 killed; "
-           "`wait` is the time until the serving side answered (it stages its state at its own quorum), "
-           "`transfer` the rest (bytes, deserialisation).", ""]
+    out = [
+        "## 7. Heal bandwidth at ~250 MB (weights + optimizer state)",
+        "",
+        f"One torchft-lite run per checkpoint transport (`{BIG_MODEL}`), 3 groups, group 1 killed; "
+        "`wait` is the time until the serving side answered (it stages its state at its own quorum), "
+        "`transfer` the rest (bytes, deserialisation).",
+        "",
+    ]
     for run in h.get("runs") or [h]:
-        out.append(f"**{run['variant']}** (load at its start {run['loadavg_1m']:.2f})"
-                   + (f" ERROR: {run['error']}" if run.get("error") else ""))
+        out.append(
+            f"**{run['variant']}** (load at its start {run['loadavg_1m']:.2f})"
+            + (f" ERROR: {run['error']}" if run.get("error") else "")
+        )
         out.append("")
         for x in run["heals"]:
             ratio = x["bytes_per_s"] / lb["bytes_per_s"] if x.get("bytes_per_s") else None
-            why = ("the replacement after the kill" if x["attempt"] else
-                   f"late joiner: healed at step {x['step']}, after the others had stepped" if x["step"]
-                   else "at start, step 0" + ("" if x["bytes"] > 0.5 * max(y["bytes"] for y in run["heals"])
-                                             else ": weights only, no optimizer state yet"))
-            split = (f" (wait {_f(x['wait_s'])} s, transfer {_f(x['transfer_s'])} s)"
-                     if x.get("wait_s") is not None else "")
-            out.append(f"- heal of replica {x['replica']} (attempt {x['attempt']}, {why}): {x['bytes'] / 1e6:,.0f} MB in "
-                       f"{_f(x['seconds'])} s{split} = **{_f((x['bytes_per_s'] or 0) / 1e6, '{:,.0f}')} MB/s**, "
-                       f"{_f(ratio)}× the loopback copy")
+            why = (
+                "the replacement after the kill"
+                if x["attempt"]
+                else f"late joiner: healed at step {x['step']}, after the others had stepped"
+                if x["step"]
+                else "at start, step 0"
+                + (
+                    ""
+                    if x["bytes"] > 0.5 * max(y["bytes"] for y in run["heals"])
+                    else ": weights only, no optimizer state yet"
+                )
+            )
+            split = (
+                f" (wait {_f(x['wait_s'])} s, transfer {_f(x['transfer_s'])} s)" if x.get("wait_s") is not None else ""
+            )
+            out.append(
+                f"- heal of replica {x['replica']} (attempt {x['attempt']}, {why}): {x['bytes'] / 1e6:,.0f} MB in "
+                f"{_f(x['seconds'])} s{split} = **{_f((x['bytes_per_s'] or 0) / 1e6, '{:,.0f}')} MB/s**, "
+                f"{_f(ratio)}× the loopback copy"
+            )
         if not run["heals"]:
             out.append("- no heal event with bytes in the run")
         out.append("")
-    out.append(f"- plain loopback TCP copy of {lb['bytes'] / 1e6:,.0f} MB (same session, median of {lb['reps']}): "
-               f"{_f(lb['seconds'])} s = **{lb['bytes_per_s'] / 1e6:,.0f} MB/s** (load {lb['loadavg_1m']:.2f})")
+    out.append(
+        f"- plain loopback TCP copy of {lb['bytes'] / 1e6:,.0f} MB (same session, median of {lb['reps']}): "
+        f"{_f(lb['seconds'])} s = **{lb['bytes_per_s'] / 1e6:,.0f} MB/s** (load {lb['loadavg_1m']:.2f})"
+    )
     ul = h.get("loopback_under_training")
     if ul:
-        out.append(f"- the same copy while the first run's groups train (not the target's baseline; what a heal "
-                   f"competes with): {_f(ul['seconds'])} s = **{ul['bytes_per_s'] / 1e6:,.0f} MB/s** "
-                   f"(load {ul['loadavg_1m']:.2f})")
+        out.append(
+            f"- the same copy while the first run's groups train (not the target's baseline; what a heal "
+            f"competes with): {_f(ul['seconds'])} s = **{ul['bytes_per_s'] / 1e6:,.0f} MB/s** "
+            f"(load {ul['loadavg_1m']:.2f})"
+        )
     return out

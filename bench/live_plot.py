@@ -42,8 +42,12 @@ def _pct(xs: list[float], q: float) -> float:
 
 
 def _summary(xs: list[float], scale: float = 1000.0) -> dict:
-    return {"n": len(xs), "median_ms": statistics.median(xs) * scale, "p95_ms": _pct(xs, 0.95) * scale,
-            "max_ms": max(xs) * scale}
+    return {
+        "n": len(xs),
+        "median_ms": statistics.median(xs) * scale,
+        "p95_ms": _pct(xs, 0.95) * scale,
+        "max_ms": max(xs) * scale,
+    }
 
 
 def prefill(run_dir: Path, points: int, replicas: int = 3, t0: float = None) -> int:
@@ -58,7 +62,9 @@ def prefill(run_dir: Path, points: int, replicas: int = 3, t0: float = None) -> 
         lines = "".join(
             f'{{"t": {t0 + s * 0.01}, "kind": "step", "run": "{run_dir.name}", "replica": {r}, "attempt": 0, '
             f'"step": {s}, "loss": {5.0 / (1 + s) + 0.01 * r}, "committed": true, "participating": true, '
-            f'"participants": {replicas}, "quorum_id": 1}}\n' for s in range(1, per + 1))
+            f'"participants": {replicas}, "quorum_id": 1}}\n'
+            for s in range(1, per + 1)
+        )
         with open(w.path, "a") as f:
             f.write(lines)
     return per
@@ -66,7 +72,6 @@ def prefill(run_dir: Path, points: int, replicas: int = 3, t0: float = None) -> 
 
 def kernel_side(points: int = 100_000, reps: int = 200) -> dict:
     """Per-update cost of the loss plot at ``points`` points: appending vs whole-figure, interleaved."""
-    import plotly.io as pio
     import ipywidgets as w
 
     from tests.browser.live_plot_page import make_run
@@ -80,10 +85,13 @@ def kernel_side(points: int = 100_000, reps: int = 200) -> dict:
         d = Dashboard(run_dir, start=False)
         sent_json = []
         original = d.loss_plot.send
-        d.loss_plot.send = lambda content, buffers=None: (sent_json.append(len(json.dumps(content))),
-                                                          original(content, buffers))
-        writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run=run_dir.name, replica=r, attempt=0)
-                   for r in range(3)]
+        d.loss_plot.send = lambda content, buffers=None: (
+            sent_json.append(len(json.dumps(content))),
+            original(content, buffers),
+        )
+        writers = [
+            EventWriter(run_dir, f"replica-{r}.attempt-0", run=run_dir.name, replica=r, attempt=0) for r in range(3)
+        ]
         fig = d.figure
         output = w.Output()
 
@@ -110,11 +118,18 @@ def kernel_side(points: int = 100_000, reps: int = 200) -> dict:
         for k in range(reps):
             step += 1
             for r, wr in enumerate(writers):
-                wr.emit("step", step=step, loss=5.0 / (1 + step) + 0.01 * r, committed=True, participating=True,
-                        participants=3, quorum_id=1)
+                wr.emit(
+                    "step",
+                    step=step,
+                    loss=5.0 / (1 + step) + 0.01 * r,
+                    committed=True,
+                    participating=True,
+                    participants=3,
+                    quorum_id=1,
+                )
             d.run.refresh()
             order = [("appending", appending), ("whole_figure", whole_figure)]
-            for name, fn in (order if k % 2 == 0 else order[::-1]):
+            for name, fn in order if k % 2 == 0 else order[::-1]:
                 t0 = time.perf_counter()
                 fn()
                 times[name].append(time.perf_counter() - t0)
@@ -127,10 +142,15 @@ def kernel_side(points: int = 100_000, reps: int = 200) -> dict:
             full.append(time.perf_counter() - t0)
         total = d.state.total_points()
         d.stop()
-    return {"points": total, "reps": reps, **{k: _summary(v) for k, v in times.items()},
-            "full_resend": _summary(full),
-            "ratio_median": statistics.median(times["whole_figure"]) / statistics.median(times["appending"]),
-            "sent_bytes_median": statistics.median(sent_json), "load_1min": statistics.mean(loads)}
+    return {
+        "points": total,
+        "reps": reps,
+        **{k: _summary(v) for k, v in times.items()},
+        "full_resend": _summary(full),
+        "ratio_median": statistics.median(times["whole_figure"]) / statistics.median(times["appending"]),
+        "sent_bytes_median": statistics.median(sent_json),
+        "load_1min": statistics.mean(loads),
+    }
 
 
 def browser_side(seconds: float = 30.0, per_s: float = 10.0, points: int = 0) -> dict:
@@ -154,8 +174,9 @@ def browser_side(seconds: float = 30.0, per_s: float = 10.0, points: int = 0) ->
         home = Path(tmp) / "chromium-home"
         home.mkdir()
         with sync_playwright() as p:
-            browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-                                        env={**os.environ, "HOME": str(home)})
+            browser = p.chromium.launch(
+                executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, env={**os.environ, "HOME": str(home)}
+            )
             try:
                 page = browser.new_context(viewport={"width": 1400, "height": 1300}).new_page()
                 page.goto(lab.notebook_url("bench.ipynb"))
@@ -180,13 +201,22 @@ def browser_side(seconds: float = 30.0, per_s: float = 10.0, points: int = 0) ->
     lat = latencies(draws, {s: t for s, t in feeder.written.items() if first < s <= last})
     t_start, t_end = feeder.written[first + 1] * 1000, feeder.written[last] * 1000
     window = [d for d in draws if t_start <= d[0] <= t_end + 1]
-    return {"prefilled_points": points, "steps_written": last - first, "per_s": per_s, "seconds": seconds,
-            "event_to_drawn": _summary(lat), "draws_per_s": len(window) / max((t_end - t_start) / 1000, 1e-9),
-            "points_drawn_replica0": drawn_points, "load_1min_start": load0, "load_1min_end": os.getloadavg()[0]}
+    return {
+        "prefilled_points": points,
+        "steps_written": last - first,
+        "per_s": per_s,
+        "seconds": seconds,
+        "event_to_drawn": _summary(lat),
+        "draws_per_s": len(window) / max((t_end - t_start) / 1000, 1e-9),
+        "points_drawn_replica0": drawn_points,
+        "load_1min_start": load0,
+        "load_1min_end": os.getloadavg()[0],
+    }
 
 
-def run(points: int = 100_000, reps: int = 200, browser_s: float = 30.0, per_s: float = 10.0,
-        browser: bool = True) -> dict:
+def run(
+    points: int = 100_000, reps: int = 200, browser_s: float = 30.0, per_s: float = 10.0, browser: bool = True
+) -> dict:
     out = {"kernel_side": kernel_side(points, reps)}
     if browser:
         out["browser_fresh"] = browser_side(browser_s, per_s, 0)
@@ -198,11 +228,13 @@ def report_lines(result: dict) -> list[str]:
     """The figures as lines of text (for a report)."""
     lines = []
     k = result["kernel_side"]
-    lines.append(f"loss plot update at {k['points']:,} points (n={k['reps']}, load {k['load_1min']:.2f}): "
-          f"appending median {k['appending']['median_ms']:.2f} ms, p95 {k['appending']['p95_ms']:.2f} ms; "
-          f"whole figure median {k['whole_figure']['median_ms']:.1f} ms, p95 {k['whole_figure']['p95_ms']:.1f} ms "
-          f"({k['ratio_median']:.0f}x); sent {k['sent_bytes_median']:.0f} B per update; a whole re-send "
-          f"(x axis changed, a curve doubled; whole dashboard render) median {k['full_resend']['median_ms']:.1f} ms")
+    lines.append(
+        f"loss plot update at {k['points']:,} points (n={k['reps']}, load {k['load_1min']:.2f}): "
+        f"appending median {k['appending']['median_ms']:.2f} ms, p95 {k['appending']['p95_ms']:.2f} ms; "
+        f"whole figure median {k['whole_figure']['median_ms']:.1f} ms, p95 {k['whole_figure']['p95_ms']:.1f} ms "
+        f"({k['ratio_median']:.0f}x); sent {k['sent_bytes_median']:.0f} B per update; a whole re-send "
+        f"(x axis changed, a curve doubled; whole dashboard render) median {k['full_resend']['median_ms']:.1f} ms"
+    )
     for key in ("browser_fresh", "browser_long"):
         b = result.get(key)
         if not b:
@@ -211,10 +243,12 @@ def report_lines(result: dict) -> list[str]:
             lines.append(f"{key}: skipped ({b['skipped']})")
             continue
         e = b["event_to_drawn"]
-        lines.append(f"{key} ({b['prefilled_points']:,} points before, {b['steps_written']} steps at {b['per_s']}/s, "
-              f"load {b['load_1min_start']:.2f}→{b['load_1min_end']:.2f}): event → drawn median "
-              f"{e['median_ms']:.0f} ms, p95 {e['p95_ms']:.0f} ms, max {e['max_ms']:.0f} ms (n={e['n']}); "
-              f"{b['draws_per_s']:.2f} draws/s")
+        lines.append(
+            f"{key} ({b['prefilled_points']:,} points before, {b['steps_written']} steps at {b['per_s']}/s, "
+            f"load {b['load_1min_start']:.2f}→{b['load_1min_end']:.2f}): event → drawn median "
+            f"{e['median_ms']:.0f} ms, p95 {e['p95_ms']:.0f} ms, max {e['max_ms']:.0f} ms (n={e['n']}); "
+            f"{b['draws_per_s']:.2f} draws/s"
+        )
     return lines
 
 

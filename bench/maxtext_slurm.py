@@ -17,7 +17,6 @@ import json
 import os
 import statistics
 import tempfile
-import time
 from pathlib import Path
 
 import workbench as wb
@@ -35,8 +34,10 @@ def _phase(run, name: str, attempt: int):
 
 
 def one(nodes: int, run_root: Path) -> dict:
-    run = wb.submit("maxtext-cpu-tiny", ["cluster=slurm", f"slurm.nodes={nodes}", "steps=100000", "max_restarts=2",
-                                         f"run_root={run_root}"])
+    run = wb.submit(
+        "maxtext-cpu-tiny",
+        ["cluster=slurm", f"slurm.nodes={nodes}", "steps=100000", "max_restarts=2", f"run_root={run_root}"],
+    )
     try:
         run.wait_for(lambda r: any(e["step"] >= FIRST_FAULT_STEP for e in _of(r, "step", 0)), timeout=300)
         load = Path("/proc/loadavg").read_text().split()[:3]
@@ -44,11 +45,13 @@ def one(nodes: int, run_root: Path) -> dict:
         run.wait_for(lambda r: _phase(r, "first_step", 1), timeout=300)
         start = _of(run, "start", 1)[0]
         row = {
-            "processes": nodes, "load": " ".join(load),
+            "processes": nodes,
+            "load": " ".join(load),
             "fault_to_start_s": start["t"] - fault["t"],
             "fault_to_restored_s": _phase(run, "restored", 1)["t"] - fault["t"],
             "fault_to_first_step_s": _phase(run, "first_step", 1)["t"] - fault["t"],
-            "from_step": _phase(run, "restored", 1)["from_step"], "run_dir": str(run.run_dir),
+            "from_step": _phase(run, "restored", 1)["from_step"],
+            "run_dir": str(run.run_dir),
         }
         run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r.events_read), 60)
         return row
@@ -81,8 +84,10 @@ def main(argv: list[str] | None = None) -> int:
     for n in (1, 2):
         mine = [r["fault_to_first_step_s"] for r in rows if r["processes"] == n]
         if mine:
-            print(f"{n} process(es): node_down -> first step median {statistics.median(mine):.1f} s over {len(mine)} "
-                  f"({', '.join(f'{x:.1f}' for x in mine)}); loads {[r['load'] for r in rows if r['processes'] == n]}")
+            print(
+                f"{n} process(es): node_down -> first step median {statistics.median(mine):.1f} s over {len(mine)} "
+                f"({', '.join(f'{x:.1f}' for x in mine)}); loads {[r['load'] for r in rows if r['processes'] == n]}"
+            )
     return 0
 
 

@@ -26,8 +26,15 @@ from pathlib import Path
 
 
 def _participating_t(run, replica: int, attempt: int):
-    ts = [e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
-          and e.get("attempt") == attempt and e.get("committed") and e.get("participating")]
+    ts = [
+        e["t"]
+        for e in run.events_read
+        if e["kind"] == "step"
+        and e.get("replica") == replica
+        and e.get("attempt") == attempt
+        and e.get("committed")
+        and e.get("participating")
+    ]
     return min(ts) if ts else None
 
 
@@ -36,14 +43,24 @@ def _layout(text: str) -> tuple[int, int]:
     return int(nodes), int(nproc or 1)
 
 
-def measure(wb, netns, nodes: dict, mode: str, run_root: Path, layout: tuple[int, int], kills: int,
-            timeout: float) -> list[dict]:
+def measure(
+    wb, netns, nodes: dict, mode: str, run_root: Path, layout: tuple[int, int], kills: int, timeout: float
+) -> list[dict]:
     n_nodes, nproc = layout
     rows: list[dict] = []
-    run = wb.submit("titan-cpu", {
-        "cluster": "slurm", "steps": 100000, "faults": [], "slurm.nodes": n_nodes, "nproc_per_replica": nproc,
-        "slurm.cpus_per_task": 4, "titan.overrides": {"training.seq_len": 64}, "run_root": str(run_root),
-    })
+    run = wb.submit(
+        "titan-cpu",
+        {
+            "cluster": "slurm",
+            "steps": 100000,
+            "faults": [],
+            "slurm.nodes": n_nodes,
+            "nproc_per_replica": nproc,
+            "slurm.cpus_per_task": 4,
+            "titan.overrides": {"training.seq_len": 64},
+            "run_root": str(run_root),
+        },
+    )
     try:
         for r in (0, 1):
             run.wait_for(lambda x, r=r: _participating_t(x, r, 0) is not None, timeout)
@@ -51,16 +68,28 @@ def measure(wb, netns, nodes: dict, mode: str, run_root: Path, layout: tuple[int
             before = {n: netns.link_bytes(n) for n in nodes} if mode == "netns" else {}
             fault = run.kill(0)
             run.wait_for(lambda x, a=k + 1: _participating_t(x, 0, a) is not None, timeout)
-            heal = next((e for e in run.events_read if e["kind"] == "heal" and e.get("replica") == 0
-                         and e.get("attempt") == k + 1), {})
+            heal = next(
+                (
+                    e
+                    for e in run.events_read
+                    if e["kind"] == "heal" and e.get("replica") == 0 and e.get("attempt") == k + 1
+                ),
+                {},
+            )
             source = next((n for n, a in nodes.items() if a == heal.get("served_from")), None)
             sent = (netns.link_bytes(source)["sent"] - before[source]["sent"]) if source and before else None
-            row = {"layout": f"{n_nodes}x{nproc}", "kill": k,
-                   "kill_to_participating_s": _participating_t(run, 0, k + 1) - fault["t"],
-                   "heal_bytes": heal.get("bytes"), "heal_seconds": heal.get("seconds"),
-                   "served_from": heal.get("served_from"), "interface": heal.get("interface"),
-                   "bytes_per_s": heal.get("bytes_per_s"), "source_link_sent_bytes": sent,
-                   "load_1m": os.getloadavg()[0]}
+            row = {
+                "layout": f"{n_nodes}x{nproc}",
+                "kill": k,
+                "kill_to_participating_s": _participating_t(run, 0, k + 1) - fault["t"],
+                "heal_bytes": heal.get("bytes"),
+                "heal_seconds": heal.get("seconds"),
+                "served_from": heal.get("served_from"),
+                "interface": heal.get("interface"),
+                "bytes_per_s": heal.get("bytes_per_s"),
+                "source_link_sent_bytes": sent,
+                "load_1m": os.getloadavg()[0],
+            }
             rows.append(row)
             print(json.dumps(row), flush=True)
     finally:
@@ -94,10 +123,15 @@ def main(argv=None) -> int:
         for text in args.layouts.split(","):
             rows = measure(wb, netns, nodes, mode, tmp / "runs", _layout(text), args.kills, args.timeout)
             times = [r["kill_to_participating_s"] for r in rows]
-            summary.append({"layout": text, "n": len(times),
-                            "median_kill_to_participating_s": statistics.median(times) if times else None,
-                            "median_heal_bytes": statistics.median(r["heal_bytes"] or 0 for r in rows) if rows else None,
-                            "load_1m": os.getloadavg()[0]})
+            summary.append(
+                {
+                    "layout": text,
+                    "n": len(times),
+                    "median_kill_to_participating_s": statistics.median(times) if times else None,
+                    "median_heal_bytes": statistics.median(r["heal_bytes"] or 0 for r in rows) if rows else None,
+                    "load_1m": os.getloadavg()[0],
+                }
+            )
             print(json.dumps(summary[-1]), flush=True)
     finally:
         devcluster.down(tmp / "slurm")

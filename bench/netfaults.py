@@ -37,8 +37,11 @@ from workbench.controller import nodehealth
 
 
 def _committed(run, replica, lo, hi):
-    return sorted(e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
-                  and e.get("committed") and lo < e["t"] < hi)
+    return sorted(
+        e["t"]
+        for e in run.events_read
+        if e["kind"] == "step" and e.get("replica") == replica and e.get("committed") and lo < e["t"] < hi
+    )
 
 
 def _interval(ts):
@@ -46,8 +49,10 @@ def _interval(ts):
 
 
 def _resumed(run, kind, after):
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == kind and e["t"] > after
-                               for e in r.events_read), timeout=120)
+    run.wait_for(
+        lambda r: any(e["kind"] == "fault" and e.get("resumed") == kind and e["t"] > after for e in r.events_read),
+        timeout=120,
+    )
     return next(e for e in run.events_read if e["kind"] == "fault" and e.get("resumed") == kind and e["t"] > after)
 
 
@@ -69,19 +74,35 @@ def local(reps: int) -> list[dict]:
             fault = run.kill(replica=1, how="straggler", seconds=10)
             back = _resumed(run, "straggler", fault["t"])
             slow = _interval(_committed(run, 0, fault["t"] + 1, back["t"]))
-            out.append({"what": "straggler_25pct", "rep": rep, "clean_step_s": clean, "straggler_step_s": slow,
-                        "ratio": slow / clean})
+            out.append(
+                {
+                    "what": "straggler_25pct",
+                    "rep": rep,
+                    "clean_step_s": clean,
+                    "straggler_step_s": slow,
+                    "ratio": slow / clean,
+                }
+            )
             _settle(run)
 
             fault = run.kill(replica=1, how="freeze", seconds=10)
             back = _resumed(run, "freeze", fault["t"])
             _settle(run)
             row = analysis.recovery_timeline(run.event_records()).iloc[-1]
-            hang = next((e for e in run.events_read if e["kind"] == "hang" and e.get("target") == 1
-                         and e["t"] > fault["t"]), None)
-            out.append({"what": "freeze_10s", "rep": rep, "quorum_without_it_s": row["quorum_without_victim"],
-                        "hang_reported_s": hang["t"] - fault["t"] if hang else None,
-                        "thawed_s": back["t"] - fault["t"], "participating_s": row["participating"]})
+            hang = next(
+                (e for e in run.events_read if e["kind"] == "hang" and e.get("target") == 1 and e["t"] > fault["t"]),
+                None,
+            )
+            out.append(
+                {
+                    "what": "freeze_10s",
+                    "rep": rep,
+                    "quorum_without_it_s": row["quorum_without_victim"],
+                    "hang_reported_s": hang["t"] - fault["t"] if hang else None,
+                    "thawed_s": back["t"] - fault["t"],
+                    "participating_s": row["participating"],
+                }
+            )
 
             sampler, costs = nodehealth.Sampler(), []
             nodes = nodehealth.nodes_of(run.run_state)
@@ -92,8 +113,15 @@ def local(reps: int) -> list[dict]:
                 costs.append(time.process_time() - c)
                 time.sleep(0.05)
             per = statistics.median(costs)
-            out.append({"what": "sampler", "rep": rep, "cpu_s_per_sample": per,
-                        "core_share": per / nodehealth.PERIOD_S, "step_s": clean})
+            out.append(
+                {
+                    "what": "sampler",
+                    "rep": rep,
+                    "cpu_s_per_sample": per,
+                    "core_share": per / nodehealth.PERIOD_S,
+                    "step_s": clean,
+                }
+            )
             for r in out[-3:]:
                 print(json.dumps(r), flush=True)
     finally:
@@ -109,8 +137,18 @@ def partition(reps: int) -> list[dict]:
     info = devcluster.up(state)
     os.environ["SLURM_CONF"] = info["env"]["SLURM_CONF"]
     try:
-        run = wb.submit("demo", ["cluster=slurm", "faults=[]", "steps=1000000", "replicas=2", "min_replicas=1",
-                                 "slurm.cpus_per_task=3", "model.step_delay_s=0.05"])
+        run = wb.submit(
+            "demo",
+            [
+                "cluster=slurm",
+                "faults=[]",
+                "steps=1000000",
+                "replicas=2",
+                "min_replicas=1",
+                "slurm.cpus_per_task=3",
+                "model.step_delay_s=0.05",
+            ],
+        )
         try:
             run.wait_for_step(30, replica=1, timeout=300)
             for rep in range(reps):
@@ -118,10 +156,15 @@ def partition(reps: int) -> list[dict]:
                 _resumed(run, "partition", fault["t"])
                 _settle(run, 10.0)
                 row = analysis.recovery_timeline(run.event_records()).iloc[-1]
-                r = {"what": "partition_10s", "rep": rep, "survivor_stall_s": row["survivor_stall_s"],
-                     "quorum_without_it_s": row["quorum_without_victim"], "link_back_s": row["replacement_started"],
-                     "cut_off_to_rejoined_s": row["participating"] - row["replacement_started"],
-                     "healed_s": row["heal_done"]}
+                r = {
+                    "what": "partition_10s",
+                    "rep": rep,
+                    "survivor_stall_s": row["survivor_stall_s"],
+                    "quorum_without_it_s": row["quorum_without_victim"],
+                    "link_back_s": row["replacement_started"],
+                    "cut_off_to_rejoined_s": row["participating"] - row["replacement_started"],
+                    "healed_s": row["heal_done"],
+                }
                 out.append(r)
                 print(json.dumps(r), flush=True)
         finally:
@@ -141,9 +184,11 @@ def main() -> None:
     medians = {}
     for what in sorted({r["what"] for r in rows}):
         mine = [r for r in rows if r["what"] == what]
-        medians[what] = {k: statistics.median(r[k] for r in mine if r[k] is not None and r[k] == r[k])
-                         for k, v in mine[0].items() if isinstance(v, (int, float)) and k != "rep"
-                         and any(r[k] is not None and r[k] == r[k] for r in mine)}
+        medians[what] = {
+            k: statistics.median(r[k] for r in mine if r[k] is not None and r[k] == r[k])
+            for k, v in mine[0].items()
+            if isinstance(v, (int, float)) and k != "rep" and any(r[k] is not None and r[k] == r[k] for r in mine)
+        }
     result = {"medians": medians, "load": os.getloadavg()}
     print(json.dumps(result))
     if args.out:

@@ -18,29 +18,40 @@ from __future__ import annotations
 
 import statistics
 import tempfile
-
-import orjson
 import time
 from pathlib import Path
 from typing import Callable, Optional
 
-from workbench.run import rundir
+import orjson
+
 from workbench.events.log import EventReader, EventWriter
+from workbench.run import rundir
 from workbench.spec.load import load_spec
 
 REPLICAS = 3
 
 
 def step_fields(step: int, replica: int) -> dict:
-    return dict(step=step, loss=2.5 - step * 1e-4, committed=True, participating=True, participants=REPLICAS,
-                quorum_id=7, step_time_s=0.0123456, tokens_per_s=20734.2, batch_seed=[0, step - 1, replica])
+    return dict(
+        step=step,
+        loss=2.5 - step * 1e-4,
+        committed=True,
+        participating=True,
+        participants=REPLICAS,
+        quorum_id=7,
+        step_time_s=0.0123456,
+        tokens_per_s=20734.2,
+        batch_seed=[0, step - 1, replica],
+    )
 
 
 def make_run(root: Path, points: int) -> Path:
     """A run directory holding ``points`` step events (loss points) over 3 replicas."""
     spec = load_spec("demo", {"faults": [], "steps": points // REPLICAS + 1, "run_root": str(root)})
     run_dir = rundir.create(root, rundir.new_run_id("bench"), spec.to_dict())
-    writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="bench", replica=r, attempt=0) for r in range(REPLICAS)]
+    writers = [
+        EventWriter(run_dir, f"replica-{r}.attempt-0", run="bench", replica=r, attempt=0) for r in range(REPLICAS)
+    ]
     for w in writers:
         w.emit("start", trainer="torchft-lite", role="replica", world_size=1)
     for i in range(points):
@@ -57,7 +68,12 @@ def reader_rate(run_dir: Path, reps: int) -> dict:
         t0 = time.perf_counter()
         n = len(EventReader(run_dir).poll())
         times.append(time.perf_counter() - t0)
-    return {"events": n, "reps": reps, "median_s": statistics.median(times), "events_per_s": n / statistics.median(times)}
+    return {
+        "events": n,
+        "reps": reps,
+        "median_s": statistics.median(times),
+        "events_per_s": n / statistics.median(times),
+    }
 
 
 def metrics_paths(run_dir: Path, reps: int) -> dict:
@@ -74,35 +90,31 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     import io
     import os
 
-    from workbench.analysis import StepColumns, metrics_frame
-    from workbench.analysis import step_index
+    from workbench.analysis import StepColumns, metrics_frame, step_index
 
     files = sorted((run_dir / "events").glob("*.jsonl"))
     t0 = time.perf_counter()
     step_index.write(StepColumns(run_dir, index=False), run_dir)
     index_write_s = time.perf_counter() - t0
     old, new, indexed, loads, old_cpu, new_cpu, parse = [], [], [], [], [], [], []
-    frame = None
     for _ in range(reps):
         loads.append(os.getloadavg()[0])
         # Each read starts with no other frame alive (a kernel attaching to a run holds none): the previous
         # read's frame and its 50,000 lists are freed before the clock starts, and held frames would make
         # the next read's allocations trigger collections of their objects (measured: a 22 ms gen-1 pass).
-        frame = None
         t0, c0 = time.perf_counter(), time.process_time()
-        frame = metrics_frame(EventReader(run_dir).poll())
+        metrics_frame(EventReader(run_dir).poll())
         old.append(time.perf_counter() - t0)
         old_cpu.append(time.process_time() - c0)
-        frame = None
         t0, c0 = time.perf_counter(), time.process_time()
-        frame = StepColumns(run_dir, index=False).frame()
+        StepColumns(run_dir, index=False).frame()
         new.append(time.perf_counter() - t0)
-        new_cpu.append(time.process_time() - c0)  # both of pyarrow's threads: what the other users' load cannot inflate as much
-        frame = None
+        new_cpu.append(
+            time.process_time() - c0
+        )  # both of pyarrow's threads: what the other users' load cannot inflate as much
         t0 = time.perf_counter()
-        frame = StepColumns(run_dir).frame()
+        StepColumns(run_dir).frame()
         indexed.append(time.perf_counter() - t0)
-        frame = None
         t0 = time.perf_counter()
         _read_and_parse(files)  # the floor under the columnar path, in the same loop
         parse.append(time.perf_counter() - t0)
@@ -142,17 +154,36 @@ def metrics_paths(run_dir: Path, reps: int) -> dict:
     try:
         import polars as pl
 
-        cands["polars read_ndjson (parse only)"] = _median_s(lambda: [pl.read_ndjson(io.BytesIO(d)) for d in data], reps)
+        cands["polars read_ndjson (parse only)"] = _median_s(
+            lambda: [pl.read_ndjson(io.BytesIO(d)) for d in data], reps
+        )
     except ImportError:
         cands["polars read_ndjson (parse only)"] = None
     cands["orjson per line (dicts, no frame)"] = _median_s(
-        lambda: [orjson.loads(line) for d in data for line in d.splitlines()], reps)
+        lambda: [orjson.loads(line) for d in data for line in d.splitlines()], reps
+    )
     med = statistics.median
-    return {"events": events, "step_rows": n, "reps": reps, "same_frame": same,
-            "old_s": med(old), "new_s": med(new), "old_per_s": n / med(old), "new_per_s": n / med(new),
-            "indexed_s": med(indexed), "indexed_per_s": n / med(indexed), "same_frame_indexed": same_indexed,
-            "index_write_s": index_write_s,
-            "parse_s": med(parse), "old_cpu_s": med(old_cpu), "new_cpu_s": med(new_cpu), "warm_s": med(warm), "poll_warm_s": med(poll), "loadavg_1m": med(loads), "candidates_s": cands}
+    return {
+        "events": events,
+        "step_rows": n,
+        "reps": reps,
+        "same_frame": same,
+        "old_s": med(old),
+        "new_s": med(new),
+        "old_per_s": n / med(old),
+        "new_per_s": n / med(new),
+        "indexed_s": med(indexed),
+        "indexed_per_s": n / med(indexed),
+        "same_frame_indexed": same_indexed,
+        "index_write_s": index_write_s,
+        "parse_s": med(parse),
+        "old_cpu_s": med(old_cpu),
+        "new_cpu_s": med(new_cpu),
+        "warm_s": med(warm),
+        "poll_warm_s": med(poll),
+        "loadavg_1m": med(loads),
+        "candidates_s": cands,
+    }
 
 
 def _read_and_parse(files: list[Path]) -> None:
@@ -182,7 +213,7 @@ def writer_cost(tmp: Path, n: int = 20000) -> dict:
 
     w = EventWriter(tmp, "writer-bench", run="bench", replica=0, attempt=0)
     samples = []
-    for chunk in range(5):
+    for _chunk in range(5):
         t0 = time.perf_counter()
         for i in range(n // 5):
             w.emit("step", **step_fields(i, 0))
@@ -196,8 +227,11 @@ def writer_cost(tmp: Path, n: int = 20000) -> dict:
         t0 = time.perf_counter()
         weights_checksum(model.state_dict())
         cs.append(time.perf_counter() - t0)
-    return {"emit_s": statistics.median(samples), "checksum_s": statistics.median(cs),
-            "checksum_every": spec.checksum_every}
+    return {
+        "emit_s": statistics.median(samples),
+        "checksum_s": statistics.median(cs),
+        "checksum_every": spec.checksum_every,
+    }
 
 
 def dashboard_update(root: Path, points: int, reps: int) -> Optional[dict]:
@@ -209,7 +243,9 @@ def dashboard_update(root: Path, points: int, reps: int) -> Optional[dict]:
     t0 = time.perf_counter()
     dash = Dashboard(run_dir, start=False)
     cold = time.perf_counter() - t0
-    writers = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="bench", replica=r, attempt=0) for r in range(REPLICAS)]
+    writers = [
+        EventWriter(run_dir, f"replica-{r}.attempt-0", run="bench", replica=r, attempt=0) for r in range(REPLICAS)
+    ]
     step = points // REPLICAS + 1
     times = []
     for _ in range(reps):
@@ -221,8 +257,13 @@ def dashboard_update(root: Path, points: int, reps: int) -> Optional[dict]:
         dash.update()
         dash.render(force_plot=True)
         times.append(time.perf_counter() - t0)
-    return {"points": points, "cold_s": cold, "update_s": statistics.median(times), "update_max_s": max(times),
-            "_dash": dash}
+    return {
+        "points": points,
+        "cold_s": cold,
+        "update_s": statistics.median(times),
+        "update_max_s": max(times),
+        "_dash": dash,
+    }
 
 
 def profile(fn: Callable[[], object], path: Path) -> Optional[str]:
@@ -256,8 +297,10 @@ def run_all(quick: bool, img_dir: Path, step_time_s: Optional[float], log=print)
         m_dir = make_run(root / "metrics", 50_000)
         out["metrics"] = metrics_paths(m_dir, 7)
         mp = out["metrics"]
-        log(f"  metrics(): old {mp['old_per_s']:,.0f}/s, columnar {mp['new_per_s']:,.0f}/s, "
-            f"from the step index {mp['indexed_per_s']:,.0f}/s (load {mp['loadavg_1m']:.2f})")
+        log(
+            f"  metrics(): old {mp['old_per_s']:,.0f}/s, columnar {mp['new_per_s']:,.0f}/s, "
+            f"from the step index {mp['indexed_per_s']:,.0f}/s (load {mp['loadavg_1m']:.2f})"
+        )
         out["writer"] = writer_cost(root)
         if step_time_s:
             w = out["writer"]
@@ -265,7 +308,9 @@ def run_all(quick: bool, img_dir: Path, step_time_s: Optional[float], log=print)
             w["emit_share"] = w["emit_s"] / step_time_s
             w["checksum_share"] = w["checksum_s"] / w["checksum_every"] / step_time_s
             w["overhead"] = w["emit_share"] + w["checksum_share"]
-        log(f"  writer: emit {out['writer']['emit_s'] * 1e6:.1f} µs, checksum {out['writer']['checksum_s'] * 1e3:.2f} ms")
+        log(
+            f"  writer: emit {out['writer']['emit_s'] * 1e6:.1f} µs, checksum {out['writer']['checksum_s'] * 1e3:.2f} ms"
+        )
         out["dashboard"] = []
         for points in (1_000, 10_000, 100_000):
             d = dashboard_update(root / f"dash-{points}", points, reps)
@@ -274,8 +319,9 @@ def run_all(quick: bool, img_dir: Path, step_time_s: Optional[float], log=print)
                 break
             dash = d.pop("_dash")
             if points == 100_000:
-                d["profile"] = profile(lambda: (dash.update(), dash.render(force_plot=True)),
-                                       img_dir / "profile-dashboard-100k.txt")
+                d["profile"] = profile(
+                    lambda: (dash.update(), dash.render(force_plot=True)), img_dir / "profile-dashboard-100k.txt"
+                )
             out["dashboard"].append(d)
             log(f"  dashboard {points}: update {d['update_s'] * 1e3:.1f} ms (cold {d['cold_s']:.2f} s)")
     return out

@@ -31,12 +31,19 @@ def kill_recoveries(records: list[RunRecord]) -> pd.DataFrame:
     rows = []
     for rec in records:
         for _, f in rec.timeline[analysis.ends_process(rec.timeline)].iterrows():
-            rows.append({
-                "variant": rec.variant, "run_dir": rec.run_dir, "target": f["target"],
-                "survivor_stall_s": f["survivor_stall_s"], "kill_to_participating_s": f["participating"],
-                "replacement_started_s": f["replacement_started"], "imports_done_s": f["imports_done"],
-                "heal_done_s": f["heal_done"], "steps_lost_by_victim": f["steps_lost"],
-            })
+            rows.append(
+                {
+                    "variant": rec.variant,
+                    "run_dir": rec.run_dir,
+                    "target": f["target"],
+                    "survivor_stall_s": f["survivor_stall_s"],
+                    "kill_to_participating_s": f["participating"],
+                    "replacement_started_s": f["replacement_started"],
+                    "imports_done_s": f["imports_done"],
+                    "heal_done_s": f["heal_done"],
+                    "steps_lost_by_victim": f["steps_lost"],
+                }
+            )
     return pd.DataFrame(rows)
 
 
@@ -44,9 +51,15 @@ def survivor_steps(records: list[RunRecord]) -> pd.DataFrame:
     rows = []
     for rec in records:
         s = analysis.summary(rec.events, rec.spec, rec.timeline)
-        rows.append({"variant": rec.variant, "faults": s["faults"], "survivor_steps_lost": s["survivor_steps_lost"],
-                     "survivor_steps_discarded": s["survivor_steps_discarded"],
-                     "survivor_stall_max_s": s["survivor_stall_s"]})
+        rows.append(
+            {
+                "variant": rec.variant,
+                "faults": s["faults"],
+                "survivor_steps_lost": s["survivor_steps_lost"],
+                "survivor_steps_discarded": s["survivor_steps_discarded"],
+                "survivor_stall_max_s": s["survivor_stall_s"],
+            }
+        )
     return pd.DataFrame(rows)
 
 
@@ -55,22 +68,38 @@ def throughputs(records: list[RunRecord]) -> pd.DataFrame:
     for rec in records:
         t = breakeven.throughput(rec.events, rec.spec)
         steps = [e for e in rec.events if e.get("kind") == "step" and e.get("committed")]
-        rows.append({
-            "variant": rec.variant, "trainer": rec.spec.trainer, "faults": len(breakeven.replica_faults(rec.events)),
-            "window_s": t["T_s"], "steady_rate": t["rate_samples_per_s"], "useful_rate": t["useful_samples_per_s"],
-            "goodput": t["goodput"], "rolled_back_steps": t.get("rolled_back_steps"),
-            "median_step_time_s": float(np.median([e["step_time_s"] for e in steps if e.get("step_time_s")])) if steps else None,
-            "loadavg_1m": rec.loadavg[0],
-        })
+        rows.append(
+            {
+                "variant": rec.variant,
+                "trainer": rec.spec.trainer,
+                "faults": len(breakeven.replica_faults(rec.events)),
+                "window_s": t["T_s"],
+                "steady_rate": t["rate_samples_per_s"],
+                "useful_rate": t["useful_samples_per_s"],
+                "goodput": t["goodput"],
+                "rolled_back_steps": t.get("rolled_back_steps"),
+                "median_step_time_s": float(np.median([e["step_time_s"] for e in steps if e.get("step_time_s")]))
+                if steps
+                else None,
+                "loadavg_1m": rec.loadavg[0],
+            }
+        )
     return pd.DataFrame(rows)
 
 
 def startup(records: list[RunRecord]) -> pd.DataFrame:
-    return pd.DataFrame([
-        {"variant": rec.variant, "trainer": rec.spec.trainer,
-         "submit_to_first_step_s": analysis.summary(rec.events, rec.spec, rec.timeline)["submit_to_first_step_s"]}
-        for rec in records
-    ])
+    return pd.DataFrame(
+        [
+            {
+                "variant": rec.variant,
+                "trainer": rec.spec.trainer,
+                "submit_to_first_step_s": analysis.summary(rec.events, rec.spec, rec.timeline)[
+                    "submit_to_first_step_s"
+                ],
+            }
+            for rec in records
+        ]
+    )
 
 
 def heartbeat_rate(events: list[dict], spec) -> float | None:
@@ -88,10 +117,16 @@ def heartbeat_rate(events: list[dict], spec) -> float | None:
 
 
 def writer_ab(records: list[RunRecord]) -> pd.DataFrame:
-    return pd.DataFrame([
-        {"variant": rec.variant, "heartbeat_rate": heartbeat_rate(rec.events, rec.spec), "loadavg_1m": rec.loadavg[0]}
-        for rec in records
-    ])
+    return pd.DataFrame(
+        [
+            {
+                "variant": rec.variant,
+                "heartbeat_rate": heartbeat_rate(rec.events, rec.spec),
+                "loadavg_1m": rec.loadavg[0],
+            }
+            for rec in records
+        ]
+    )
 
 
 def ratio_of_medians(df: pd.DataFrame, col: str, num: str, den: str) -> float | None:

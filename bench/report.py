@@ -57,58 +57,105 @@ def _apart(v: float, limit: float, decimals: int = 1) -> str:
 def targets(res: dict) -> pd.DataFrame:
     rec, surv, thr, st, pipe = res["recoveries"], res["survivors"], res["throughput"], res["startup"], res["pipeline"]
     clean = thr[thr["faults"] == 0]
-    faulted = thr[thr["faults"] > 0]
+    thr[thr["faults"] > 0]
     rows = []
 
     def add(name, target, value, ok, note=""):
-        rows.append({"target": name, "goal": target, "measured": value,
-                     "met": "–" if ok is None else ("yes" if ok else "**no**"), "note": note})
+        rows.append(
+            {
+                "target": name,
+                "goal": target,
+                "measured": value,
+                "met": "–" if ok is None else ("yes" if ok else "**no**"),
+                "note": note,
+            }
+        )
 
     stall = rec["survivor_stall_s"].dropna()
-    add("survivor stall beyond a normal step, every kill", "≤ 1.0 s",
+    add(
+        "survivor stall beyond a normal step, every kill",
+        "≤ 1.0 s",
         f"max {_f(stall.max())} s, median {_f(stall.median())} s ({len(stall)} kills)" if len(stall) else "–",
-        bool(len(stall)) and stall.max() <= 1.0)
+        bool(len(stall)) and stall.max() <= 1.0,
+    )
     lost = int(surv["survivor_steps_lost"].sum()) if len(surv) else None
-    add("survivor steps lost", "0", f"{lost} (discarded: {int(surv['survivor_steps_discarded'].sum())})" if lost is not None else "–",
-        lost == 0 if lost is not None else None)
+    add(
+        "survivor steps lost",
+        "0",
+        f"{lost} (discarded: {int(surv['survivor_steps_discarded'].sum())})" if lost is not None else "–",
+        lost == 0 if lost is not None else None,
+    )
     kp = rec["kill_to_participating_s"].dropna()
-    add("kill → replacement participating (fresh process, no spare)", "≤ 2 s median",
+    add(
+        "kill → replacement participating (fresh process, no spare)",
+        "≤ 2 s median",
         f"median {_f(kp.median())} s, max {_f(kp.max())} s ({len(kp)} kills)" if len(kp) else "–",
-        bool(len(kp)) and kp.median() <= 2.0, "forked from the run's fork server (the local default)")
+        bool(len(kp)) and kp.median() <= 2.0,
+        "forked from the run's fork server (the local default)",
+    )
     sp = res.get("spare_recoveries")
     kps = sp["kill_to_participating_s"].dropna() if sp is not None and len(sp) else []
-    add("kill → replacement participating (hot spare, `spares: 1`)", "≤ 1 s",
+    add(
+        "kill → replacement participating (hot spare, `spares: 1`)",
+        "≤ 1 s",
         f"median {_f(kps.median())} s, max {_f(kps.max())} s ({len(kps)} kills)" if len(kps) else "–",
-        bool(len(kps)) and kps.median() <= 1.0, "includes the lighthouse's 1 s heartbeat timeout")
+        bool(len(kps)) and kps.median() <= 1.0,
+        "includes the lighthouse's 1 s heartbeat timeout",
+    )
     r = ratio_of_medians(clean, "steady_rate", "torchft-lite", "ddp-restart")
-    add("torchft fault-free overhead vs plain DDP", "≤ 10 %", f"{_f((1 - r) * 100, '{:.1f}')} %" if r else "–",
-        (1 - r) <= 0.10 if r else None, "steady-state samples/s, same model/batch/replicas, torchft async quorum on")
+    add(
+        "torchft fault-free overhead vs plain DDP",
+        "≤ 10 %",
+        f"{_f((1 - r) * 100, '{:.1f}')} %" if r else "–",
+        (1 - r) <= 0.10 if r else None,
+        "steady-state samples/s, same model/batch/replicas, torchft async quorum on",
+    )
     ratio, raw = useful_ratio(thr)
     every = res["machine"]["settings"]["kill_every_s"]
-    add(f"useful throughput, a kill every {every:g} s, vs checkpoint-restart", "≥ 1.2×",
-        f"{_f(ratio)}× (raw absolute {_f(raw)}×)" if ratio else "–", ratio >= 1.2 if ratio else None,
-        "goodput under kills × paired fault-free rate; see section 3")
+    add(
+        f"useful throughput, a kill every {every:g} s, vs checkpoint-restart",
+        "≥ 1.2×",
+        f"{_f(ratio)}× (raw absolute {_f(raw)}×)" if ratio else "–",
+        ratio >= 1.2 if ratio else None,
+        "goodput under kills × paired fault-free rate; see section 3",
+    )
     rd = pipe["reader"]["events_per_s"]
     add("EventReader", "≥ 500k events/s", f"{rd / 1e3:,.0f}k events/s", rd >= 500_000)
     mp = pipe.get("metrics")
     if mp:
         if "indexed_per_s" in mp:
-            add("`metrics()` (cold, 50,003-event log, the controller's step index)", "≥ 1M step events/s",
+            add(
+                "`metrics()` (cold, 50,003-event log, the controller's step index)",
+                "≥ 1M step events/s",
                 f"{mp['indexed_per_s'] / 1e3:,.0f}k/s (no index: {mp['new_per_s'] / 1e3:,.0f}k/s; dicts: "
-                f"{mp['old_per_s'] / 1e3:,.0f}k/s)", mp["indexed_per_s"] >= 1e6 and mp["same_frame_indexed"],
-                f"load {mp['loadavg_1m']:.2f}")
+                f"{mp['old_per_s'] / 1e3:,.0f}k/s)",
+                mp["indexed_per_s"] >= 1e6 and mp["same_frame_indexed"],
+                f"load {mp['loadavg_1m']:.2f}",
+            )
         else:
-            add("`metrics()` (cold, 50,003-event log)", "≥ 1M step events/s",
-                f"{mp['new_per_s'] / 1e3:,.0f}k/s (before: {mp['old_per_s'] / 1e3:,.0f}k/s)", mp["new_per_s"] >= 1e6,
-                f"load {mp['loadavg_1m']:.2f}")
+            add(
+                "`metrics()` (cold, 50,003-event log)",
+                "≥ 1M step events/s",
+                f"{mp['new_per_s'] / 1e3:,.0f}k/s (before: {mp['old_per_s'] / 1e3:,.0f}k/s)",
+                mp["new_per_s"] >= 1e6,
+                f"load {mp['loadavg_1m']:.2f}",
+            )
     w = pipe["writer"]
-    add("EventWriter overhead on a torchft-lite step", "≤ 1 %",
+    add(
+        "EventWriter overhead on a torchft-lite step",
+        "≤ 1 %",
         f"{_f(w.get('overhead', float('nan')) * 100, '{:.2f}')} %" if "overhead" in w else "–",
-        w["overhead"] <= 0.01 if "overhead" in w else None, "emit + checksum every 10 steps, per step")
+        w["overhead"] <= 0.01 if "overhead" in w else None,
+        "emit + checksum every 10 steps, per step",
+    )
     dash = [d for d in pipe["dashboard"] if d and "points" in d]
     d100 = next((d for d in dash if d["points"] == 100_000), None)
-    add("dashboard update at 100k loss points", "≤ 100 ms", f"{_f(d100['update_s'] * 1e3, '{:.0f}')} ms" if d100 else "skipped",
-        d100["update_s"] <= 0.1 if d100 else None)
+    add(
+        "dashboard update at 100k loss points",
+        "≤ 100 ms",
+        f"{_f(d100['update_s'] * 1e3, '{:.0f}')} ms" if d100 else "skipped",
+        d100["update_s"] <= 0.1 if d100 else None,
+    )
     sc = res.get("step_cost")
     if sc:
         b, f = sc.get("ddp (plain, no checkpoint)") or {}, sc.get("torchft-lite") or {}
@@ -119,15 +166,23 @@ def targets(res: dict) -> pd.DataFrame:
         if pr.get("rate_lower_median") is not None:
             o = pr["rate_lower_median"]
             cpu = pr.get("cpu_more_median")
-            add("per-step overhead vs plain DDP (samples/s, section 6)", goal,
+            add(
+                "per-step overhead vs plain DDP (samples/s, section 6)",
+                goal,
                 f"{_apart(o * 100, OVERHEAD_LIMIT * 100)} % (median of {len(pr['rate_lower'])} paired)"
                 + (f"; CPU per step +{cpu * 100:.1f} %" if cpu is not None else ""),
-                o <= OVERHEAD_LIMIT, "heartbeat rates, each repetition's pair back to back")
+                o <= OVERHEAD_LIMIT,
+                "heartbeat rates, each repetition's pair back to back",
+            )
         else:
             o = (1 - f["rate"] / b["rate"]) if b.get("rate") and f.get("rate") else None
-            add("per-step overhead vs plain DDP (samples/s, section 6)", goal,
+            add(
+                "per-step overhead vs plain DDP (samples/s, section 6)",
+                goal,
                 f"{_apart(o * 100, OVERHEAD_LIMIT * 100) if o is not None else '–'} %",
-                o <= OVERHEAD_LIMIT if o is not None else None, "heartbeat rates, interleaved")
+                o <= OVERHEAD_LIMIT if o is not None else None,
+                "heartbeat rates, interleaved",
+            )
     h = res.get("heal")
     from .heal import replacement_heal
 
@@ -135,26 +190,41 @@ def targets(res: dict) -> pd.DataFrame:
     if rh and rh.get("bytes_per_s"):
         best = rh["bytes_per_s"]
         r = best / h["loopback"]["bytes_per_s"]
-        add("heal throughput at ~250 MB vs a loopback copy (section 7)", "≥ 0.5×", f"{r:.2f}× ({best / 1e6:,.0f} MB/s)",
-            r >= 0.5, f"the replacement's heal, {h.get('transport', 'http')}; load {h['loadavg_1m']:.2f}")
+        add(
+            "heal throughput at ~250 MB vs a loopback copy (section 7)",
+            "≥ 0.5×",
+            f"{r:.2f}× ({best / 1e6:,.0f} MB/s)",
+            r >= 0.5,
+            f"the replacement's heal, {h.get('transport', 'http')}; load {h['loadavg_1m']:.2f}",
+        )
     s = st[st["trainer"] == "torchft-lite"]["submit_to_first_step_s"].dropna()
-    add("submit → first committed step, local (torchft-lite)", "≤ 5 s median",
+    add(
+        "submit → first committed step, local (torchft-lite)",
+        "≤ 5 s median",
         f"median {_f(s.median(), '{:.1f}')} s, max {_f(s.max(), '{:.1f}')} s ({len(s)} runs)" if len(s) else "–",
-        s.median() <= 5 if len(s) else None)
+        s.median() <= 5 if len(s) else None,
+    )
     lp = res.get("live_plot")
     if lp:
         k = lp["kernel_side"]
-        add(f"kernel-side cost of one loss-plot update at {k['points'] / 1e3:,.0f}k points", "≤ 5 ms",
+        add(
+            f"kernel-side cost of one loss-plot update at {k['points'] / 1e3:,.0f}k points",
+            "≤ 5 ms",
             f"median {k['appending']['median_ms']:.2f} ms, p95 {k['appending']['p95_ms']:.2f} ms",
-            k["appending"]["median_ms"] <= 5.0, f"appending; load {k['load_1min']:.2f}")
+            k["appending"]["median_ms"] <= 5.0,
+            f"appending; load {k['load_1min']:.2f}",
+        )
         for key in ("browser_fresh", "browser_long"):
             b = lp.get(key)
             if b and "event_to_drawn" in b:
                 e = b["event_to_drawn"]
-                add(f"event → drawn in chromium ({b['prefilled_points']:,} points before)", "p95 ≤ 0.5 s, ≥ 2 draws/s",
+                add(
+                    f"event → drawn in chromium ({b['prefilled_points']:,} points before)",
+                    "p95 ≤ 0.5 s, ≥ 2 draws/s",
                     f"p95 {e['p95_ms']:.0f} ms, {b['draws_per_s']:.2f} draws/s (n={e['n']})",
                     e["p95_ms"] <= 500 and b["draws_per_s"] >= 2.0,
-                    f"load {b['load_1min_start']:.2f}→{b['load_1min_end']:.2f}")
+                    f"load {b['load_1min_start']:.2f}→{b['load_1min_end']:.2f}",
+                )
     return pd.DataFrame(rows)
 
 
@@ -182,37 +252,66 @@ def pipeline_section(pipe: dict) -> list[str]:
             f"dicts (`EventReader.poll` + `metrics_frame`, before) **{mp['old_per_s']:,.0f} steps/s** "
             f"({mp['old_s'] * 1e3:.0f} ms); columnar (`StepColumns`, pyarrow) **{mp['new_per_s']:,.0f} steps/s** "
             f"({mp['new_s'] * 1e3:.0f} ms), {mp['old_s'] / mp['new_s']:.2f}× ; same DataFrame: {mp['same_frame']}"
-            + (f"; CPU time per call (all threads): before {mp['old_cpu_s'] * 1e3:.0f} ms, columnar "
-               f"{mp['new_cpu_s'] * 1e3:.0f} ms" if "new_cpu_s" in mp else ""),
-            *([f"  - starting from the controller's step index (`analysis.step_index`, what a new kernel's "
-               f"`metrics()` does on a run the workbench ran; the index written once beforehand in "
-               f"{mp['index_write_s'] * 1e3:.0f} ms, as the controller writes it): "
-               f"**{mp['indexed_per_s']:,.0f} steps/s** ({mp['indexed_s'] * 1e3:.1f} ms), same DataFrame: "
-               f"{mp['same_frame_indexed']}"] if "indexed_s" in mp else []),
+            + (
+                f"; CPU time per call (all threads): before {mp['old_cpu_s'] * 1e3:.0f} ms, columnar "
+                f"{mp['new_cpu_s'] * 1e3:.0f} ms"
+                if "new_cpu_s" in mp
+                else ""
+            ),
+            *(
+                [
+                    f"  - starting from the controller's step index (`analysis.step_index`, what a new kernel's "
+                    f"`metrics()` does on a run the workbench ran; the index written once beforehand in "
+                    f"{mp['index_write_s'] * 1e3:.0f} ms, as the controller writes it): "
+                    f"**{mp['indexed_per_s']:,.0f} steps/s** ({mp['indexed_s'] * 1e3:.1f} ms), same DataFrame: "
+                    f"{mp['same_frame_indexed']}"
+                ]
+                if "indexed_s" in mp
+                else []
+            ),
             f"  - warm (a notebook cell on a live run): `metrics()` after 15 new step events "
             f"{mp['warm_s'] * 1e3:.1f} ms (parses only the new bytes; the held columns are concatenated, sorted only "
-            f"when out of order)" + (f"; the dashboard's incremental `EventReader.poll()` of the same bytes "
-                                     f"{mp['poll_warm_s'] * 1e3:.2f} ms" if "poll_warm_s" in mp else ""),
-            *([f"  - reading the files and pyarrow's parse alone, in the same loop: {floor * 1e3:.0f} ms "
-               f"({mp['step_rows'] / floor:,.0f} lines/s), {floor / mp['new_s'] * 100:.0f} % of the columnar "
-               f"`metrics()`; the rest is the step filter and the conversion to the DataFrame"] if floor else []),
-            "  - candidates on the same bytes, parse only (no DataFrame), median: " + "; ".join(
+            f"when out of order)"
+            + (
+                f"; the dashboard's incremental `EventReader.poll()` of the same bytes {mp['poll_warm_s'] * 1e3:.2f} ms"
+                if "poll_warm_s" in mp
+                else ""
+            ),
+            *(
+                [
+                    f"  - reading the files and pyarrow's parse alone, in the same loop: {floor * 1e3:.0f} ms "
+                    f"({mp['step_rows'] / floor:,.0f} lines/s), {floor / mp['new_s'] * 100:.0f} % of the columnar "
+                    f"`metrics()`; the rest is the step filter and the conversion to the DataFrame"
+                ]
+                if floor
+                else []
+            ),
+            "  - candidates on the same bytes, parse only (no DataFrame), median: "
+            + "; ".join(
                 f"{k} " + (f"{mp['step_rows'] / v:,.0f}/s ({v * 1e3:.0f} ms)" if v else "not installed")
-                for k, v in mp["candidates_s"].items()),
+                for k, v in mp["candidates_s"].items()
+            ),
         ]
     w = pipe["writer"]
     lines.append(
         f"- EventWriter: one step event {w['emit_s'] * 1e6:.1f} µs; weights checksum {w['checksum_s'] * 1e3:.2f} ms every "
-        f"{w['checksum_every']} steps" + (f"; per torchft-lite step of {w['step_time_s'] * 1e3:.1f} ms: emit "
-                                          f"{w['emit_share'] * 100:.2f} % + checksum {w['checksum_share'] * 100:.2f} % = "
-                                          f"**{w['overhead'] * 100:.2f} %**" if "overhead" in w else "")
+        f"{w['checksum_every']} steps"
+        + (
+            f"; per torchft-lite step of {w['step_time_s'] * 1e3:.1f} ms: emit "
+            f"{w['emit_share'] * 100:.2f} % + checksum {w['checksum_share'] * 100:.2f} % = "
+            f"**{w['overhead'] * 100:.2f} %**"
+            if "overhead" in w
+            else ""
+        )
     )
     for d in pipe["dashboard"]:
         if d and "skipped" in d:
             lines.append(f"- dashboard: skipped ({d['skipped']})")
         elif d:
-            lines.append(f"- dashboard at {d['points']:,} loss points: update + forced redraw "
-                         f"**{d['update_s'] * 1e3:.0f} ms** (max {d['update_max_s'] * 1e3:.0f} ms); first load {d['cold_s']:.2f} s")
+            lines.append(
+                f"- dashboard at {d['points']:,} loss points: update + forced redraw "
+                f"**{d['update_s'] * 1e3:.0f} ms** (max {d['update_max_s'] * 1e3:.0f} ms); first load {d['cold_s']:.2f} s"
+            )
     return lines
 
 
@@ -253,10 +352,12 @@ def write_sections(res: dict, out: Path, img: Path) -> None:
 
         new.append(heal_lines(res["heal"]))
     m = res["machine"]
-    stamp = (f"_Section from `python -m bench{' --quick' if m['mode'] == 'quick' else ''} --only {','.join(m['only'])}"
-             f"{''.join(' --set ' + k for k in m.get('set') or [])}`, started {m['started']}, load average at start "
-             f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}, at end "
-             f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_end'])}._")
+    stamp = (
+        f"_Section from `python -m bench{' --quick' if m['mode'] == 'quick' else ''} --only {','.join(m['only'])}"
+        f"{''.join(' --set ' + k for k in m.get('set') or [])}`, started {m['started']}, load average at start "
+        f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_start'])}, at end "
+        f"{', '.join(f'{x:.2f}' for x in m['loadavg_at_end'])}._"
+    )
     text = out.read_text() if out.exists() else "# Benchmarks\n"
     for sec in new:
         text = replace_section(text, sec[0], "\n".join([sec[0], "", stamp] + sec[1:]) + "\n")
@@ -268,8 +369,15 @@ def replace_section(text: str, heading: str, body: str) -> str:
     start = next((i for i, l in enumerate(lines) if l.rstrip("\n") == heading), None)
     if start is None:  # before the first numbered section that sorts after it, else before the notes
         key = heading.split()[1]
-        at = next((i for i, l in enumerate(lines) if l.startswith("## ") and (
-            l.startswith("## What misses") or (l.split()[1][:1].isdigit() and l.split()[1] > key))), len(lines))
+        at = next(
+            (
+                i
+                for i, l in enumerate(lines)
+                if l.startswith("## ")
+                and (l.startswith("## What misses") or (l.split()[1][:1].isdigit() and l.split()[1] > key))
+            ),
+            len(lines),
+        )
         return "".join(lines[:at]) + body + "\n" + "".join(lines[at:])
     end = next((i for i in range(start + 1, len(lines)) if lines[i].startswith("## ")), len(lines))
     return "".join(lines[:start]) + body + "\n" + "".join(lines[end:])
@@ -314,11 +422,20 @@ def figures(res: dict, img: Path) -> dict[str, str]:
         for kind, g in thr.groupby("faults", sort=True):
             label = "fault-free" if kind == 0 else f"{kind} kills"
             fig.add_bar(x=g["variant"], y=g["useful_rate"], name=f"useful ({label})")
-        fig.update_layout(title="Useful throughput (committed samples/s, each step once)", barmode="group",
-                          yaxis_title="samples/s", height=380)
+        fig.update_layout(
+            title="Useful throughput (committed samples/s, each step once)",
+            barmode="group",
+            yaxis_title="samples/s",
+            height=380,
+        )
         names["throughput"] = _save(fig, img / "bench-throughput.html")
     b = res.get("breakeven")
-    if b and "error" not in b and b["elastic"]["lost_per_fault_s"] is not None and b["restart"]["lost_per_fault_s"] is not None:
+    if (
+        b
+        and "error" not in b
+        and b["elastic"]["lost_per_fault_s"] is not None
+        and b["restart"]["lost_per_fault_s"] is not None
+    ):
         names["breakeven"] = _save(breakeven.breakeven_figure(b), img / "bench-breakeven.html")
     return names
 
@@ -342,10 +459,23 @@ def _png(fig, path: Path) -> None:
         page = Path(tmp) / "fig.html"
         fig.write_html(page, include_plotlyjs=True, full_html=True, default_width=900, default_height=420)
         subprocess.run(
-            [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run", "--disable-background-networking",
-             "--disable-component-update", "--disable-sync", f"--user-data-dir={tmp}/profile",
-             "--window-size=920,440", "--hide-scrollbars", f"--screenshot={path.resolve()}", page.as_uri()],
-            capture_output=True, timeout=60,
+            [
+                browser,
+                "--headless",
+                "--no-sandbox",
+                "--disable-gpu",
+                "--no-first-run",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                f"--user-data-dir={tmp}/profile",
+                "--window-size=920,440",
+                "--hide-scrollbars",
+                f"--screenshot={path.resolve()}",
+                page.as_uri(),
+            ],
+            capture_output=True,
+            timeout=60,
         )
 
 
@@ -392,7 +522,9 @@ def write(res: dict, out: Path, img: Path) -> None:
         "The same kills with a hot spare (`spares: 1`): the replacement was imported, built and warmed up before "
         "the kill, so it only has to be assigned, join the quorum and heal.",
         "",
-        table(res["spare_recoveries"].drop(columns=["run_dir"])) if len(res.get("spare_recoveries", [])) else "(no spare run)",
+        table(res["spare_recoveries"].drop(columns=["run_dir"]))
+        if len(res.get("spare_recoveries", []))
+        else "(no spare run)",
         "",
         table(res["survivors"]),
         "",
@@ -418,7 +550,9 @@ def write(res: dict, out: Path, img: Path) -> None:
     rc = ratio_of_medians(clean, "steady_rate", "torchft-lite", "ddp-restart")
     ft, dd = faulted[faulted["trainer"] == "torchft-lite"], faulted[faulted["trainer"] == "ddp-restart"]
     if rc:
-        lines.append(f"- fault-free: torchft-lite / ddp-restart steady rate = **{rc:.3f}** (median of {len(clean) // 2 or 1} interleaved pairs)")
+        lines.append(
+            f"- fault-free: torchft-lite / ddp-restart steady rate = **{rc:.3f}** (median of {len(clean) // 2 or 1} interleaved pairs)"
+        )
     if len(ft) and len(dd):
         ftc = clean[clean["variant"] == "torchft-lite"]["steady_rate"].median()
         ddc = clean[clean["variant"] == "ddp-restart"]["steady_rate"].median()

@@ -67,7 +67,9 @@ class RunRecord:
         return analysis.recovery_timeline(self.events)
 
 
-def run_variant(variant: Variant, window_s: float, run_root: Path, log=print, startup_timeout: float = 240.0) -> RunRecord:
+def run_variant(
+    variant: Variant, window_s: float, run_root: Path, log=print, startup_timeout: float = 240.0
+) -> RunRecord:
     overrides = {"faults": [], "steps": BIG, "run_root": str(run_root), **variant.overrides}
     t0 = time.time()
     load = os.getloadavg()
@@ -75,23 +77,29 @@ def run_variant(variant: Variant, window_s: float, run_root: Path, log=print, st
     error = None
     progress = _ProgressWatch()
     try:
-        run.wait_for(lambda r: progress.first_t(r.events_read) is not None or r.state() in ("failed", "stopped"),
-                     timeout=startup_timeout)
+        run.wait_for(
+            lambda r: progress.first_t(r.events_read) is not None or r.state() in ("failed", "stopped"),
+            timeout=startup_timeout,
+        )
         first = progress.first_t(run.events_read)
         if first is None:
             error = f"run {run.id} ended ({run.state()}) before its first step"
         else:
-            run.wait_for(lambda r: time.time() - first >= window_s or r.state() in ("failed", "stopped", "completed"),
-                         timeout=window_s + startup_timeout)
+            run.wait_for(
+                lambda r: time.time() - first >= window_s or r.state() in ("failed", "stopped", "completed"),
+                timeout=window_s + startup_timeout,
+            )
     except TimeoutError as e:
         error = str(e)
     finally:
         _stop(run)
     events = run.event_records()
     record = RunRecord(variant.name, str(run.run_dir), run.spec, events, window_s, time.time() - t0, load, error)
-    log(f"  {variant.name}: {len([e for e in events if e['kind'] == 'step'])} step events, "
+    log(
+        f"  {variant.name}: {len([e for e in events if e['kind'] == 'step'])} step events, "
         f"{sum(1 for e in events if e['kind'] == 'fault')} faults, {record.wall_s:.0f} s wall"
-        + (f", ERROR {error}" if error else ""))
+        + (f", ERROR {error}" if error else "")
+    )
     return record
 
 
@@ -106,7 +114,7 @@ class _ProgressWatch:
         self._t: Optional[float] = None
 
     def first_t(self, events: list[dict]) -> Optional[float]:
-        for e in events[self._seen:]:
+        for e in events[self._seen :]:
             kind = e.get("kind")
             if (kind == "step" and e.get("committed")) or (kind == "heartbeat" and (e.get("step") or 0) > 0):
                 self._t = e["t"] if self._t is None else min(self._t, e["t"])
@@ -135,13 +143,14 @@ def _stop(run) -> None:
         run._controller.wait()
 
 
-def interleaved(variants: list[Variant], reps: int, window_s: float, run_root: Path, log=print,
-                alternate: bool = False) -> list[RunRecord]:
+def interleaved(
+    variants: list[Variant], reps: int, window_s: float, run_root: Path, log=print, alternate: bool = False
+) -> list[RunRecord]:
     """Every variant once per repetition. ``alternate``: odd repetitions run the variants in reverse
     order, so a drift linear in time cancels over each two repetitions (neighbours stay neighbours)."""
     out = []
     for rep in range(reps):
-        for v in (variants[::-1] if alternate and rep % 2 else variants):
+        for v in variants[::-1] if alternate and rep % 2 else variants:
             log(f"[rep {rep + 1}/{reps}] {v.name}, {window_s:g} s window")
             out.append(run_variant(v, window_s, run_root, log))
     return out

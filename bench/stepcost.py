@@ -53,16 +53,29 @@ from .recovery import heartbeat_rate
 from .sessions import TORCHFT, Variant, interleaved
 
 TIMED = Variant("torchft-lite step_timing", {"trainer": "torchft-lite", "torchft.step_timing": True})
-BARE = Variant("torchft-lite bare", {"trainer": "torchft-lite", "write_events": False, "torchft.structured_logs": False})
+BARE = Variant(
+    "torchft-lite bare", {"trainer": "torchft-lite", "write_events": False, "torchft.structured_logs": False}
+)
 RPC_VOTE = Variant("torchft-lite commit vote over RPC", {"trainer": "torchft-lite", "torchft.local_commit_vote": False})
-TOKIO_DEFAULT = Variant("torchft-lite tokio workers per core",
-                       {"trainer": "torchft-lite", "torchft.tokio_worker_threads": None})
+TOKIO_DEFAULT = Variant(
+    "torchft-lite tokio workers per core", {"trainer": "torchft-lite", "torchft.tokio_worker_threads": None}
+)
 FUTURE_TIMERS = Variant("torchft-lite future timers", {"trainer": "torchft-lite", "torchft.pg_timeout_only": False})
 RUST_INFO = Variant("torchft-lite rust_log=info", {"trainer": "torchft-lite", "torchft.rust_log": "info"})
 TORCHFT_HOOK = Variant("torchft-lite torchft's DDP hook", {"trainer": "torchft-lite", "torchft.lean_ddp_hook": False})
 OVERHEAD_LIMIT = 0.05  # the target: torchft-lite's samples/s at most 5 % below plain DDP's (paired median)
-PHASES = ("zero_grad", "forward", "backward", "allreduce", "quorum_wait", "optimizer_step", "commit_vote",
-          "inner_step", "quorum_rtt", "workbench")
+PHASES = (
+    "zero_grad",
+    "forward",
+    "backward",
+    "allreduce",
+    "quorum_wait",
+    "optimizer_step",
+    "commit_vote",
+    "inner_step",
+    "quorum_rtt",
+    "workbench",
+)
 
 
 def plain_ddp() -> Variant:
@@ -82,35 +95,65 @@ def measure(reps: int, window_s: float, root, ddp=None, log=print, pair_reps: in
         records += interleaved([base, TORCHFT], pair_reps, window_s, root, log, alternate=True)
     runs = []
     for rec in records:
-        steps = [e for e in rec.events if e.get("kind") == "step" and e.get("committed")
-                 and e.get("participating", True) and e.get("step_time_s") is not None]
+        steps = [
+            e
+            for e in rec.events
+            if e.get("kind") == "step"
+            and e.get("committed")
+            and e.get("participating", True)
+            and e.get("step_time_s") is not None
+        ]
         rate = heartbeat_rate(rec.events, rec.spec)
         cores = trainer_cores(rec.events)
-        runs.append({
-            "variant": rec.variant, "loadavg_1m": rec.loadavg[0], "error": rec.error,
-            "heartbeat_rate": rate,
-            "median_step_time_s": statistics.median(e["step_time_s"] for e in steps) if steps else None,
-            "steps": len(steps), "trainer_cores": cores,
-            "cpu_ms_per_step": cores / (rate / rec.spec.model.batch_size) * 1e3 if cores and rate else None,
-        })
-    timed = [e for rec in records if rec.variant == TIMED.name for e in rec.events
-             if e.get("kind") == "step" and e.get("committed") and e.get("participating", True)]
+        runs.append(
+            {
+                "variant": rec.variant,
+                "loadavg_1m": rec.loadavg[0],
+                "error": rec.error,
+                "heartbeat_rate": rate,
+                "median_step_time_s": statistics.median(e["step_time_s"] for e in steps) if steps else None,
+                "steps": len(steps),
+                "trainer_cores": cores,
+                "cpu_ms_per_step": cores / (rate / rec.spec.model.batch_size) * 1e3 if cores and rate else None,
+            }
+        )
+    timed = [
+        e
+        for rec in records
+        if rec.variant == TIMED.name
+        for e in rec.events
+        if e.get("kind") == "step" and e.get("committed") and e.get("participating", True)
+    ]
     phases = {}
     for p in PHASES:
         vals = [e.get(f"t_{p}_s", 0.0) for e in timed[3:]]  # the first steps include warm-up
         if vals:
-            phases[p] = {"median_s": float(np.median(vals)), "mean_s": float(np.mean(vals)), "p90_s": float(np.percentile(vals, 90))}
+            phases[p] = {
+                "median_s": float(np.median(vals)),
+                "mean_s": float(np.mean(vals)),
+                "p90_s": float(np.percentile(vals, 90)),
+            }
     step_med = float(np.median([e["step_time_s"] for e in timed[3:]])) if len(timed) > 3 else None
 
     def med(variant, col):
         vals = [r[col] for r in runs if r["variant"] == variant and r[col]]
         return statistics.median(vals) if vals else None
 
-    out = {"reps": reps, "pair_reps": pair_reps, "window_s": window_s, "runs": runs, "phases": phases, "timed_step_s": step_med,
-           "timed_steps": len(timed)}
+    out = {
+        "reps": reps,
+        "pair_reps": pair_reps,
+        "window_s": window_s,
+        "runs": runs,
+        "phases": phases,
+        "timed_step_s": step_med,
+        "timed_steps": len(timed),
+    }
     for v in variants:
-        out[v.name] = {"rate": med(v.name, "heartbeat_rate"), "step_s": med(v.name, "median_step_time_s"),
-                       "cpu_ms_per_step": med(v.name, "cpu_ms_per_step")}
+        out[v.name] = {
+            "rate": med(v.name, "heartbeat_rate"),
+            "step_s": med(v.name, "median_step_time_s"),
+            "cpu_ms_per_step": med(v.name, "cpu_ms_per_step"),
+        }
     out["paired"] = paired(runs, base.name, TORCHFT.name)
     out["paired_tokio"] = paired(runs, TOKIO_DEFAULT.name, TORCHFT.name)
     out["paired_vote"] = paired(runs, RPC_VOTE.name, TORCHFT.name)
@@ -141,25 +184,45 @@ def paired(runs: list[dict], base: str, other: str) -> dict:
     ``other``'s samples/s and how much more CPU per step it used than ``base``, its neighbour in that repetition."""
     a = [r for r in runs if r["variant"] == base]
     b = [r for r in runs if r["variant"] == other]
-    lower = [1 - y["heartbeat_rate"] / x["heartbeat_rate"] for x, y in zip(a, b)
-             if x["heartbeat_rate"] and y["heartbeat_rate"]]
-    more_cpu = [y["cpu_ms_per_step"] / x["cpu_ms_per_step"] - 1 for x, y in zip(a, b)
-                if x["cpu_ms_per_step"] and y["cpu_ms_per_step"]]
-    return {"rate_lower": lower, "rate_lower_median": statistics.median(lower) if lower else None,
-            "cpu_more": more_cpu, "cpu_more_median": statistics.median(more_cpu) if more_cpu else None}
+    lower = [
+        1 - y["heartbeat_rate"] / x["heartbeat_rate"]
+        for x, y in zip(a, b)
+        if x["heartbeat_rate"] and y["heartbeat_rate"]
+    ]
+    more_cpu = [
+        y["cpu_ms_per_step"] / x["cpu_ms_per_step"] - 1
+        for x, y in zip(a, b)
+        if x["cpu_ms_per_step"] and y["cpu_ms_per_step"]
+    ]
+    return {
+        "rate_lower": lower,
+        "rate_lower_median": statistics.median(lower) if lower else None,
+        "cpu_more": more_cpu,
+        "cpu_more_median": statistics.median(more_cpu) if more_cpu else None,
+    }
 
 
 def lines(sc: dict) -> list[str]:
-    from .report import _apart, _f, table
     import pandas as pd
 
-    base, ft, bare, timed = (sc.get("ddp (plain, no checkpoint)"), sc.get(TORCHFT.name), sc.get(BARE.name),
-                             sc.get(TIMED.name))
-    out = ["## 6. Per-step cost, broken down (torchft-lite vs plain DDP)", "",
-           f"Fault-free, 3 groups / 3 ranks, interleaved, {sc['reps']} repetition(s) of a {sc['window_s']:g} s window "
-           + (f"and {sc['pair_reps']} more of plain DDP and torchft-lite alone " if sc.get("pair_reps") else "")
-           + "(`bench/stepcost.py` says what each variant and phase is). Rates in samples/s from heartbeats.", "",
-           table(pd.DataFrame(sc["runs"]).drop(columns=["error"])), ""]
+    from .report import _apart, _f, table
+
+    base, ft, bare, timed = (
+        sc.get("ddp (plain, no checkpoint)"),
+        sc.get(TORCHFT.name),
+        sc.get(BARE.name),
+        sc.get(TIMED.name),
+    )
+    out = [
+        "## 6. Per-step cost, broken down (torchft-lite vs plain DDP)",
+        "",
+        f"Fault-free, 3 groups / 3 ranks, interleaved, {sc['reps']} repetition(s) of a {sc['window_s']:g} s window "
+        + (f"and {sc['pair_reps']} more of plain DDP and torchft-lite alone " if sc.get("pair_reps") else "")
+        + "(`bench/stepcost.py` says what each variant and phase is). Rates in samples/s from heartbeats.",
+        "",
+        table(pd.DataFrame(sc["runs"]).drop(columns=["error"])),
+        "",
+    ]
 
     def over(a, b, col):
         return (b[col] / a[col] - 1) if a and b and a.get(col) and b.get(col) else None
@@ -174,18 +237,29 @@ def lines(sc: dict) -> list[str]:
     spread = max((max(v) / min(v) - 1 for v in by_variant.values() if len(v) > 1), default=None)
     loads = [r["loadavg_1m"] for r in sc["runs"]]
     if spread is not None:
-        out += [f"Noise: the same variant's runs differ by up to **{spread * 100:.0f} %** in samples/s here (load "
-                f"{min(loads):.1f}–{max(loads):.1f} on {len(loads)} runs); a difference between variants smaller than "
-                "that is not a measurement. The per-phase table (one run's own steps, each step timed) is the robust part.", ""]
+        out += [
+            f"Noise: the same variant's runs differ by up to **{spread * 100:.0f} %** in samples/s here (load "
+            f"{min(loads):.1f}–{max(loads):.1f} on {len(loads)} runs); a difference between variants smaller than "
+            "that is not a measurement. The per-phase table (one run's own steps, each step timed) is the robust part.",
+            "",
+        ]
     pr = sc.get("paired") or {}
     if pr.get("rate_lower"):
         out += [
-            f"- torchft-lite vs plain DDP, paired (each repetition's two runs back to back): samples/s lower by "
-            + _percents(pr["rate_lower"]) + f" (median **{_apart(pr['rate_lower_median'] * 100, OVERHEAD_LIMIT * 100)} %**)"
-            + (("; CPU per group-step more by " + _percents(pr["cpu_more"])
-                + f" (median **{pr['cpu_more_median'] * 100:.1f} %**; plain DDP "
-                f"{_f(base.get('cpu_ms_per_step'), '{:.1f}')} ms, torchft-lite {_f(ft.get('cpu_ms_per_step'), '{:.1f}')} ms "
-                "of CPU per group-step, medians)") if pr.get("cpu_more") else ""),
+            "- torchft-lite vs plain DDP, paired (each repetition's two runs back to back): samples/s lower by "
+            + _percents(pr["rate_lower"])
+            + f" (median **{_apart(pr['rate_lower_median'] * 100, OVERHEAD_LIMIT * 100)} %**)"
+            + (
+                (
+                    "; CPU per group-step more by "
+                    + _percents(pr["cpu_more"])
+                    + f" (median **{pr['cpu_more_median'] * 100:.1f} %**; plain DDP "
+                    f"{_f(base.get('cpu_ms_per_step'), '{:.1f}')} ms, torchft-lite {_f(ft.get('cpu_ms_per_step'), '{:.1f}')} ms "
+                    "of CPU per group-step, medians)"
+                )
+                if pr.get("cpu_more")
+                else ""
+            )
         ]
     out += [
         f"- torchft-lite vs plain DDP: samples/s **{_f(_pct(slower(base, ft)))} % lower**, median step time "
@@ -196,7 +270,8 @@ def lines(sc: dict) -> list[str]:
         f"- the timing mode's own cost (step_timing vs torchft-lite): median step {_f(_pct(over(ft, timed, 'step_s')))} %",
         f"- torchft's commit vote over RPC (`torchft.local_commit_vote: false`) vs plain DDP: samples/s "
         f"{_f(_pct(slower(base, sc.get(RPC_VOTE.name))))} % lower; the in-process vote"
-        + _paired_with(sc.get("paired_vote"), cpu=True) + " (async quorum is on in every torchft run)",
+        + _paired_with(sc.get("paired_vote"), cpu=True)
+        + " (async quorum is on in every torchft run)",
         f"- tokio's default of a worker per core in each of the Manager's runtimes (`torchft.tokio_worker_threads: null`) "
         f"vs plain DDP: samples/s {_f(_pct(slower(base, sc.get(TOKIO_DEFAULT.name))))} % lower; the workbench's 1 worker"
         + _paired_with(sc.get("paired_tokio")),
@@ -213,12 +288,24 @@ def lines(sc: dict) -> list[str]:
     ]
     if sc["phases"]:
         step = sc["timed_step_s"]
-        rows = [{"phase": p, "median_ms": v["median_s"] * 1e3, "mean_ms": v["mean_s"] * 1e3, "p90_ms": v["p90_s"] * 1e3,
-                 "share_of_median_step": (v["mean_s"] / step) if step else None}
-                for p, v in sc["phases"].items()]
-        out += [f"Per phase (step_timing runs, {sc['timed_steps']} committed steps, median step {_f(step * 1e3 if step else None, '{:.1f}')} ms; "
-                "allreduce and quorum_wait are inside backward, commit_vote and inner_step inside optimizer_step, "
-                "quorum_rtt overlaps the step, workbench follows it):", "", table(pd.DataFrame(rows)), ""]
+        rows = [
+            {
+                "phase": p,
+                "median_ms": v["median_s"] * 1e3,
+                "mean_ms": v["mean_s"] * 1e3,
+                "p90_ms": v["p90_s"] * 1e3,
+                "share_of_median_step": (v["mean_s"] / step) if step else None,
+            }
+            for p, v in sc["phases"].items()
+        ]
+        out += [
+            f"Per phase (step_timing runs, {sc['timed_steps']} committed steps, median step {_f(step * 1e3 if step else None, '{:.1f}')} ms; "
+            "allreduce and quorum_wait are inside backward, commit_vote and inner_step inside optimizer_step, "
+            "quorum_rtt overlaps the step, workbench follows it):",
+            "",
+            table(pd.DataFrame(rows)),
+            "",
+        ]
     return out
 
 
@@ -226,10 +313,17 @@ def _paired_with(pr, cpu: bool = False) -> str:
     """``paired``'s per-repetition figures as the clause after a variant's name, or that it was not measured."""
     if not (pr or {}).get("rate_lower"):
         return ": not measured"
-    text = (", paired with it: samples/s lower by " + _percents(pr["rate_lower"])
-            + f" (median {pr['rate_lower_median'] * 100:.1f} %; negative: faster)")
+    text = (
+        ", paired with it: samples/s lower by "
+        + _percents(pr["rate_lower"])
+        + f" (median {pr['rate_lower_median'] * 100:.1f} %; negative: faster)"
+    )
     if cpu and pr.get("cpu_more"):
-        text += "; CPU per group-step more by " + _percents(pr["cpu_more"]) + f" (median {pr['cpu_more_median'] * 100:.1f} %)"
+        text += (
+            "; CPU per group-step more by "
+            + _percents(pr["cpu_more"])
+            + f" (median {pr['cpu_more_median'] * 100:.1f} %)"
+        )
     return text
 
 

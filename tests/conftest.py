@@ -25,7 +25,12 @@ def pytest_runtest_makereport(item, call):
     only run on hardware CI does not have says so with ``@pytest.mark.needs_hardware``."""
     outcome = yield
     report = outcome.get_result()
-    if IN_CI and report.skipped and not hasattr(report, "wasxfail") and item.get_closest_marker("needs_hardware") is None:
+    if (
+        IN_CI
+        and report.skipped
+        and not hasattr(report, "wasxfail")
+        and item.get_closest_marker("needs_hardware") is None
+    ):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         report.outcome = "failed"
         report.longrepr = f"skipped under CI=true, where every prerequisite must be present: {reason}"
@@ -71,8 +76,12 @@ def start_run(run_root):
 
 def workbench_cli(*args, env=None, timeout=120) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "workbench.apps.cli", *args], capture_output=True, text=True, timeout=timeout,
-        env={**os.environ, **(env or {})}, cwd=REPO,
+        [sys.executable, "-m", "workbench.apps.cli", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        env={**os.environ, **(env or {})},
+        cwd=REPO,
     )
 
 
@@ -102,11 +111,14 @@ def local_slurm(state_dir: Path, **up_kwargs):
                 with contextlib.suppress(psutil.NoSuchProcess):
                     if proc.status() != psutil.STATUS_ZOMBIE:
                         proc.kill()
-            _, left = psutil.wait_procs(_processes_of(state_dir), timeout=10)  # a job's slurmstepd may still be on its way out
+            _, left = psutil.wait_procs(
+                _processes_of(state_dir), timeout=10
+            )  # a job's slurmstepd may still be on its way out
             kill_pids(p.pid for p in left)
         if left:  # down missed them (a CI run once left a whole cluster, and every cluster test after it failed)
-            pytest.fail(f"the dev cluster in {state_dir} left running: "
-                        + ", ".join(f"{p.pid} {p.info['name']}" for p in left))
+            pytest.fail(
+                f"the dev cluster in {state_dir} left running: " + ", ".join(f"{p.pid} {p.info['name']}" for p in left)
+            )
 
 
 def committed_before(ckpt_dir: Path, t: float) -> list[int]:
@@ -129,7 +141,9 @@ def _processes_of(state_dir: Path) -> list:
     for p in psutil.process_iter(["name", "cmdline", "environ", "status"]):
         if p.info["status"] == psutil.STATUS_ZOMBIE or p.pid == os.getpid():
             continue
-        if any(mark in a for a in p.info["cmdline"] or ()) or any(mark in v for v in (p.info["environ"] or {}).values()):
+        if any(mark in a for a in p.info["cmdline"] or ()) or any(
+            mark in v for v in (p.info["environ"] or {}).values()
+        ):
             found.append(p)
     return found
 
@@ -149,8 +163,12 @@ def tcp_listeners(pids, nodes=()) -> list[tuple[str, str, int, str]]:
             pass
     head = subprocess.run(["ss", "-Hltnp"], capture_output=True, text=True, timeout=20, check=True).stdout
     stacks = {"head": netns.parse_ss(head.splitlines()), **{name: netns.listeners(name) for name in nodes}}
-    return [(where, host, port, proc) for where, found in stacks.items() for host, port, proc in found
-            if any(f"pid={pid}," in proc for pid in pids)]
+    return [
+        (where, host, port, proc)
+        for where, found in stacks.items()
+        for host, port, proc in found
+        if any(f"pid={pid}," in proc for pid in pids)
+    ]
 
 
 def slurmd_pids(info) -> dict[str, int]:

@@ -18,8 +18,15 @@ pytestmark = pytest.mark.slow
 def test_abort_is_a_fault_kind_everywhere_and_a_run_recovers_from_it(start_run, run_root):
     # That it is SIGABRT: tests/test_runstate.py, on a process of its own.
     assert "abort" in workbench_cli("kill", "--help").stdout
-    run = start_run("demo", {"steps": 500, "min_replicas": 1, "run_root": str(run_root),
-                             "faults": [{"action": "abort", "target": 1, "at_step": 60}]})
+    run = start_run(
+        "demo",
+        {
+            "steps": 500,
+            "min_replicas": 1,
+            "run_root": str(run_root),
+            "faults": [{"action": "abort", "target": 1, "at_step": 60}],
+        },
+    )
     assert "abort" in Dashboard(run, start=False).action_picker.options
     run.wait_for(lambda r: any(e["kind"] == "heal" and e.get("replica") == 1 for e in r.events_read), timeout=240)
     cli = workbench_cli("kill", str(run.run_dir), "--replica", "2", "--how", "abort")
@@ -34,4 +41,5 @@ def test_abort_is_a_fault_kind_everywhere_and_a_run_recovers_from_it(start_run, 
     assert list(timeline["action"]) == ["abort", "abort"] and timeline["complete"].all(), timeline.to_string()
     spec, added = replay_spec(run)
     assert [f["action"] for f in spec["faults"]] == ["abort", "abort"] and added == [
-        {"action": "abort", "at_step": added[0]["at_step"], "target": 2}]
+        {"action": "abort", "at_step": added[0]["at_step"], "target": 2}
+    ]

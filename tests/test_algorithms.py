@@ -21,28 +21,58 @@ from workbench.spec.load import load_spec
     [
         (["ft.algorithm=gossip"], "ft.algorithm", "'ddp', 'localsgd', 'diloco' or 'streaming_diloco'"),
         (["ft.algorithm=ddp", "ft.sync_every=5"], "sync_every", "only for a semi-synchronous ft.algorithm"),
-        (["ft.algorithm=streaming_diloco", "ft.fragments=3", "ft.sync_every=10"], "sync_every (10)",
-         "must be a multiple of ft.fragments (3)"),
+        (
+            ["ft.algorithm=streaming_diloco", "ft.fragments=3", "ft.sync_every=10"],
+            "sync_every (10)",
+            "must be a multiple of ft.fragments (3)",
+        ),
         (["ft.algorithm=streaming_diloco", "ft.fragments=1"], "fragments (1)", "at least 2 fragments"),
         (["ft.algorithm=diloco", "ft.fragments=2"], "fragments (2)", "only for ft.algorithm streaming_diloco"),
         (["ft.algorithm=localsgd", "ft.outer_lr=0.5"], "outer_lr", "only for ft.algorithm diloco or streaming_diloco"),
-        (["ft.algorithm=localsgd", "ft.fragment_sync_delay=1"], "fragment_sync_delay",
-         "only for ft.algorithm diloco or streaming_diloco"),
-        (["ft.algorithm=streaming_diloco", "ft.fragments=2", "ft.sync_every=10", "ft.fragment_sync_delay=5"],
-         "fragment_sync_delay (5)", "must be < sync_every / fragments (5)"),
-        (["ft.algorithm=diloco", "ft.fragment_update_alpha=1.5"], "ft.fragment_update_alpha", "less than or equal to 1"),
+        (
+            ["ft.algorithm=localsgd", "ft.fragment_sync_delay=1"],
+            "fragment_sync_delay",
+            "only for ft.algorithm diloco or streaming_diloco",
+        ),
+        (
+            ["ft.algorithm=streaming_diloco", "ft.fragments=2", "ft.sync_every=10", "ft.fragment_sync_delay=5"],
+            "fragment_sync_delay (5)",
+            "must be < sync_every / fragments (5)",
+        ),
+        (
+            ["ft.algorithm=diloco", "ft.fragment_update_alpha=1.5"],
+            "ft.fragment_update_alpha",
+            "less than or equal to 1",
+        ),
         (["ft.algorithm=diloco", "torchft.use_async_quorum=true"], "torchft.use_async_quorum", "needs false"),
-        (["trainer=ddp-restart", "ft.algorithm=diloco"], "ft.algorithm",
-         "not implemented by trainer ddp-restart (allowed: ddp)"),
-        (["ft.algorithm=streaming_diloco", "ft.fragments=5", "ft.sync_every=10"], "ft.fragments (5)",
-         "<= model.layers + 2 (4)"),
-        (["trainer=titan", "ft.algorithm=diloco", "ft.outer_momentum=0.5"], "ft.outer_momentum (0.5)",
-         "trainer titan cannot set it"),
+        (
+            ["trainer=ddp-restart", "ft.algorithm=diloco"],
+            "ft.algorithm",
+            "not implemented by trainer ddp-restart (allowed: ddp)",
+        ),
+        (
+            ["ft.algorithm=streaming_diloco", "ft.fragments=5", "ft.sync_every=10"],
+            "ft.fragments (5)",
+            "<= model.layers + 2 (4)",
+        ),
+        (
+            ["trainer=titan", "ft.algorithm=diloco", "ft.outer_momentum=0.5"],
+            "ft.outer_momentum (0.5)",
+            "trainer titan cannot set it",
+        ),
         (["ft.algorithm=ddp", "ft.catch_up=true"], "catch_up", "only for a semi-synchronous ft.algorithm"),
         (["trainer=titan", "ft.algorithm=diloco", "ft.catch_up=true"], "ft.catch_up", "for trainer torchft-lite"),
-        (["ft.algorithm=localsgd", "ft.bucket_cap_mb=1"], "bucket_cap_mb", "only for ft.algorithm diloco or streaming_diloco"),
+        (
+            ["ft.algorithm=localsgd", "ft.bucket_cap_mb=1"],
+            "bucket_cap_mb",
+            "only for ft.algorithm diloco or streaming_diloco",
+        ),
         (["ft.algorithm=diloco", "ft.bucket_cap_mb=0"], "ft.bucket_cap_mb", "greater than 0"),
-        (["trainer=titan", "ft.algorithm=diloco", "ft.bucket_cap_mb=1"], "ft.bucket_cap_mb (1.0)", "for trainer torchft-lite"),
+        (
+            ["trainer=titan", "ft.algorithm=diloco", "ft.bucket_cap_mb=1"],
+            "ft.bucket_cap_mb (1.0)",
+            "for trainer torchft-lite",
+        ),
     ],
 )
 def test_bad_ft_section_is_refused_in_one_line_naming_the_field(overrides, field, allowed):
@@ -74,8 +104,16 @@ def test_semi_sync_defaults_follow_the_algorithm():
     assert d.torchft.use_async_quorum is False and d.lighthouse.join_timeout_ms == 30_000
     s = load_spec("algorithms", ["ft.algorithm=localsgd", "lighthouse.join_timeout_ms=5000"])
     assert s.torchft.use_async_quorum is True and s.lighthouse.join_timeout_ms == 5000
-    ok = load_spec("algorithms", ["ft.algorithm=streaming_diloco", "ft.fragments=2", "ft.sync_every=8",
-                                  "ft.fragment_sync_delay=3", "ft.fragment_update_alpha=0.5"])
+    ok = load_spec(
+        "algorithms",
+        [
+            "ft.algorithm=streaming_diloco",
+            "ft.fragments=2",
+            "ft.sync_every=8",
+            "ft.fragment_sync_delay=3",
+            "ft.fragment_update_alpha=0.5",
+        ],
+    )
     assert (ok.ft.fragments, ok.ft.sync_every, ok.ft.fragment_sync_delay) == (2, 8, 3)
 
 
@@ -84,21 +122,33 @@ def test_semi_sync_defaults_follow_the_algorithm():
 ALGORITHM_RUNS = {
     "localsgd": ["ft.algorithm=localsgd", "ft.sync_every=5"],
     "diloco": ["ft.algorithm=diloco", "ft.sync_every=5"],
-    "streaming_diloco": ["ft.algorithm=streaming_diloco", "ft.fragments=2", "ft.sync_every=6",
-                         "ft.fragment_sync_delay=1"],
+    "streaming_diloco": [
+        "ft.algorithm=streaming_diloco",
+        "ft.fragments=2",
+        "ft.sync_every=6",
+        "ft.fragment_sync_delay=1",
+    ],
     # torchft's bucketized all-reduce: the pseudo-gradients packed into one flat buffer and unpacked again
     "diloco-bucketized": ["ft.algorithm=diloco", "ft.sync_every=5", "ft.bucket_cap_mb=1"],
 }
 
 
 def _syncs(events, replica=None, attempt=None, after=None):
-    return [e for e in events if e["kind"] == "sync" and (replica is None or e.get("replica") == replica)
-            and (attempt is None or e.get("attempt") == attempt) and (after is None or e["t"] > after)]
+    return [
+        e
+        for e in events
+        if e["kind"] == "sync"
+        and (replica is None or e.get("replica") == replica)
+        and (attempt is None or e.get("attempt") == attempt)
+        and (after is None or e["t"] > after)
+    ]
 
 
 def _shared_commit(run, replica, attempt, after):
-    return any(s.get("committed") and s.get("participants") == 2 and s.get("bytes", 0) > 0
-               for s in _syncs(run.events_read, replica, attempt, after))
+    return any(
+        s.get("committed") and s.get("participants") == 2 and s.get("bytes", 0) > 0
+        for s in _syncs(run.events_read, replica, attempt, after)
+    )
 
 
 @pytest.mark.slow
@@ -138,8 +188,11 @@ def test_killed_group_comes_back_heals_and_syncs_again(start_run, case):
     victim = {s["sync_index"] - joins[0]["sync_index"]: s for s in _syncs(events, 1, 1)}
     survivor_after = [s for s in _syncs(events, 0, 0, t_kill) if s.get("committed")]
     by_step = {s["step"]: s for s in survivor_after if s.get("participants") == 2}
-    matched = [(by_step[s["step"]], s) for s in victim.values()
-               if s.get("committed") and s["step"] in by_step and s.get("fragment") == by_step[s["step"]].get("fragment")]
+    matched = [
+        (by_step[s["step"]], s)
+        for s in victim.values()
+        if s.get("committed") and s["step"] in by_step and s.get("fragment") == by_step[s["step"]].get("fragment")
+    ]
     assert matched, (victim, by_step)
     if algorithm != "streaming_diloco":  # a fragment sync leaves the other fragments local
         assert all(a["weights"] == b["weights"] for a, b in matched), matched
@@ -159,6 +212,7 @@ def test_killed_group_comes_back_heals_and_syncs_again(start_run, case):
 
 # --- goodput and the recovery timeline read a semi-synchronous log ---------------------------------
 
+
 def _diloco_log(tmp_path):
     """A hand-written DiLoCo log, syncing every 3 steps, 2 groups, one event a second (times given).
 
@@ -166,19 +220,30 @@ def _diloco_log(tmp_path):
     syncs alone at 9 and with the replacement (healed at 1011.8, joined at sync 12) at 12; their sync
     at 15 is voted down, so 13–15 are stepped again and committed at 1018.
     """
-    from workbench.run import rundir
     from workbench.events.log import EventReader, EventWriter
+    from workbench.run import rundir
 
     run_dir = rundir.create(tmp_path, "20250101-000000-semi-abcdef", {"replicas": 2})
     ctl = EventWriter(run_dir, "controller", run="t")
     control = EventWriter(run_dir, "control-1", run="t")
-    w = {(r, a): EventWriter(run_dir, f"replica-{r}.attempt-{a}", run="t", replica=r, attempt=a)
-         for r, a in ((0, 0), (1, 0), (1, 1))}
+    w = {
+        (r, a): EventWriter(run_dir, f"replica-{r}.attempt-{a}", run="t", replica=r, attempt=a)
+        for r, a in ((0, 0), (1, 0), (1, 1))
+    }
     ctl.emit("start", role="controller", trainer="torchft-lite", cluster="local", t=999.0)
 
     def step(key, s, t, participants=2, committed=True):
-        w[key].emit("step", step=s, inner=s % 3 != 0, committed=committed, participating=True,
-                    participants=participants, algorithm="diloco", loss=1.0, t=t)
+        w[key].emit(
+            "step",
+            step=s,
+            inner=s % 3 != 0,
+            committed=committed,
+            participating=True,
+            participants=participants,
+            algorithm="diloco",
+            loss=1.0,
+            t=t,
+        )
 
     for r in (0, 1):
         w[(r, 0)].emit("start", role="replica", trainer="torchft-lite", t=999.5)
@@ -225,6 +290,7 @@ def test_a_fault_between_syncs_costs_the_victim_its_inner_steps_only(tmp_path):
 
 # --- titan: the same choice through TorchTitan's own fault_tolerance options ------------------------
 
+
 @pytest.mark.titan
 def test_titan_flags_for_each_algorithm_parse_as_torchtitan_semi_sync_config():
     """The argv a titan group gets, parsed by torchtitan's own ConfigManager into its FaultTolerance."""
@@ -264,10 +330,13 @@ def test_sweep_points_with_different_ft_keys_do_not_leak_into_each_other():
     from workbench.experiments.sweep import validate_points
 
     base = load_spec("algorithms", ["ft.algorithm=diloco"])
-    specs = validate_points(base, [
-        {"ft.algorithm": "streaming_diloco", "ft.fragments": 2, "ft.sync_every": 4},
-        {"ft.algorithm": "localsgd", "ft.sync_every": 16, "torchft.use_async_quorum": True},
-    ])
+    specs = validate_points(
+        base,
+        [
+            {"ft.algorithm": "streaming_diloco", "ft.fragments": 2, "ft.sync_every": 4},
+            {"ft.algorithm": "localsgd", "ft.sync_every": 16, "torchft.use_async_quorum": True},
+        ],
+    )
     assert (specs[1].ft.algorithm, specs[1].ft.fragments, specs[1].ft.sync_every) == ("localsgd", 1, 16)
     assert base.ft.fragments == 1
 
@@ -279,21 +348,44 @@ def test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung(sta
     quorum, heartbeating with ``waiting: sync``. Only the stopped group is a hang; before the
     detector read ``waiting``, the group that reached the sync first was flagged as well, since its
     peer had stepped after it."""
-    run = start_run("algorithms", ["ft.algorithm=diloco", "ft.sync_every=10", "replicas=3", "min_replicas=3",
-                                   "model.step_delay_s=0.1", "heartbeat_s=0.3", "hang.timeout_s=1.5",
-                                   "torchft.pg_timeout_ms=8000", "steps=100000", "faults=[]"])
-    committed = lambda r: [s for s in r.events_read if s["kind"] == "sync" and s.get("committed")
-                           and s.get("participants") == 3 and not s.get("join")]
+    run = start_run(
+        "algorithms",
+        [
+            "ft.algorithm=diloco",
+            "ft.sync_every=10",
+            "replicas=3",
+            "min_replicas=3",
+            "model.step_delay_s=0.1",
+            "heartbeat_s=0.3",
+            "hang.timeout_s=1.5",
+            "torchft.pg_timeout_ms=8000",
+            "steps=100000",
+            "faults=[]",
+        ],
+    )
+    committed = lambda r: [
+        s
+        for s in r.events_read
+        if s["kind"] == "sync" and s.get("committed") and s.get("participants") == 3 and not s.get("join")
+    ]
     run.wait_for(lambda r: len(committed(r)) >= 3, timeout=120)  # every group past its join
     # Stop group 2 three inner steps into a window: its peers have seven steps left before the sync.
     n = len(run.events_read)
-    run.wait_for(lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 10 == 3
-                               for e in r.events_read[n:]), timeout=30)
+    run.wait_for(
+        lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 10 == 3 for e in r.events_read[n:]),
+        timeout=30,
+    )
     fault = run.kill(replica=2, how="hang", seconds=5)
     # The sync after the stop: all three commit it once group 2 runs again.
     run.wait_for(lambda r: any(s["t"] > fault["t"] + 5 for s in committed(r)), timeout=60)
-    waited = [e for e in run.events_read if e["kind"] == "heartbeat" and e.get("waiting") == "sync"
-              and e.get("replica") in (0, 1) and fault["t"] + 2 < e["t"] < fault["t"] + 5]
+    waited = [
+        e
+        for e in run.events_read
+        if e["kind"] == "heartbeat"
+        and e.get("waiting") == "sync"
+        and e.get("replica") in (0, 1)
+        and fault["t"] + 2 < e["t"] < fault["t"] + 5
+    ]
     hangs = [e for e in run.events_read if e["kind"] == "hang"]
     run.stop(timeout=20)
     assert {e["replica"] for e in waited} == {0, 1}  # both peers sat in the sync while group 2 was stopped
@@ -309,15 +401,32 @@ def test_a_group_frozen_mid_window_holds_its_peers_at_the_next_sync_unless_it_ca
     for a heartbeating member of the last one): about the 2 s it is behind. With it, group 2 ends its
     window at its next inner step (``early``), is at the sync first, and the peers' sync takes a
     normal sync's time (under 1 s, the lighthouse's heartbeat timeout)."""
-    run = start_run("algorithms", ["ft.algorithm=diloco", "ft.sync_every=40", "replicas=3", "min_replicas=2",
-                                   "model.step_delay_s=0.1", "heartbeat_s=0.3", "torchft.pg_timeout_ms=8000",
-                                   "steps=100000", "faults=[]", f"ft.catch_up={str(catch_up).lower()}"])
-    syncs = lambda r, replicas: [s for s in r.events_read if s["kind"] == "sync" and s.get("replica") in replicas
-                                 and s.get("committed") and not s.get("join")]
+    run = start_run(
+        "algorithms",
+        [
+            "ft.algorithm=diloco",
+            "ft.sync_every=40",
+            "replicas=3",
+            "min_replicas=2",
+            "model.step_delay_s=0.1",
+            "heartbeat_s=0.3",
+            "torchft.pg_timeout_ms=8000",
+            "steps=100000",
+            "faults=[]",
+            f"ft.catch_up={str(catch_up).lower()}",
+        ],
+    )
+    syncs = lambda r, replicas: [
+        s
+        for s in r.events_read
+        if s["kind"] == "sync" and s.get("replica") in replicas and s.get("committed") and not s.get("join")
+    ]
     run.wait_for(lambda r: len([s for s in syncs(r, (0, 1, 2)) if s.get("participants") == 3]) >= 3, timeout=120)
     n = len(run.events_read)
-    run.wait_for(lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 40 == 5
-                               for e in r.events_read[n:]), timeout=30)
+    run.wait_for(
+        lambda r: any(e["kind"] == "step" and e.get("replica") == 2 and e["step"] % 40 == 5 for e in r.events_read[n:]),
+        timeout=30,
+    )
     fault = run.kill(replica=2, how="hang", seconds=2)
     after = lambda r: [s for s in syncs(r, (0, 1, 2)) if s["t"] > fault["t"] + 2]
     run.wait_for(lambda r: {s["replica"] for s in after(r)} == {0, 1, 2}, timeout=60)
@@ -338,15 +447,27 @@ def test_the_comparison_table_leaves_out_a_window_a_sync_voted_down(tmp_path):
     was voted down, so 4–6 (loss 0.5, each provisionally ``committed``) were thrown away and are in
     neither the final loss nor the step rate."""
     from workbench.analysis import compare
-    from workbench.run import rundir
     from workbench.events.log import EventWriter
+    from workbench.run import rundir
 
-    run_dir = rundir.create(tmp_path, "20250101-000000-vote-abcdef",
-                            load_spec("algorithms", ["ft.algorithm=diloco", "replicas=1", "min_replicas=1"]).to_dict())
+    run_dir = rundir.create(
+        tmp_path,
+        "20250101-000000-vote-abcdef",
+        load_spec("algorithms", ["ft.algorithm=diloco", "replicas=1", "min_replicas=1"]).to_dict(),
+    )
     w = EventWriter(run_dir, "replica-0.attempt-0", run="t", replica=0, attempt=0)
     for s in range(1, 7):
-        w.emit("step", step=s, inner=s % 3 != 0, committed=s != 6, participating=True, participants=1,
-               algorithm="diloco", loss=2.0 if s <= 3 else 0.5, t=1000.0 + s)
+        w.emit(
+            "step",
+            step=s,
+            inner=s % 3 != 0,
+            committed=s != 6,
+            participating=True,
+            participants=1,
+            algorithm="diloco",
+            loss=2.0 if s <= 3 else 0.5,
+            t=1000.0 + s,
+        )
     row = compare.table([run_dir]).iloc[0]
     assert row["final_loss"] == 2.0
     assert row["steps_per_s"] == pytest.approx((3 - 1) / (1003.0 - 1001.0))
@@ -361,10 +482,23 @@ def test_a_kill_inside_a_syncs_allreduce_fails_every_peer_at_once_when_the_faile
     which fails the all-reduce for the third group too: every survivor leaves the round within a second
     of the kill (measured 0.02-0.10 s), and the round is voted down. Without it the third group waits out the whole
     ``pg_timeout_ms`` (20 s here)."""
-    run = start_run("algorithms", ["replicas=4", "min_replicas=2", "ft.sync_every=10", "torchft.pg_timeout_ms=20000",
-                                   "steps=100000", "faults=[]", f"torchft.drop_failed_pg={str(drop).lower()}"])
-    together = lambda r, replica: [s for s in _syncs(r.events_read, replica) if s.get("committed")
-                                   and s.get("participants") == 4 and not s.get("join")]
+    run = start_run(
+        "algorithms",
+        [
+            "replicas=4",
+            "min_replicas=2",
+            "ft.sync_every=10",
+            "torchft.pg_timeout_ms=20000",
+            "steps=100000",
+            "faults=[]",
+            f"torchft.drop_failed_pg={str(drop).lower()}",
+        ],
+    )
+    together = lambda r, replica: [
+        s
+        for s in _syncs(r.events_read, replica)
+        if s.get("committed") and s.get("participants") == 4 and not s.get("join")
+    ]
     run.wait_for(lambda r: all(len(together(r, g)) >= 2 for g in range(4)), timeout=180)
     run.kill(replica=3, how="kill_in_allreduce")
     killed = lambda r: [e for e in r.events_read if e["kind"] == "fault" and e.get("action") == "kill_in_allreduce"]

@@ -117,8 +117,12 @@ def test_the_crossing_is_where_the_two_curves_meet(tmp_path):
     """The figure's curves and marker against R (1 − L/M), floored at 0, with the hand values of
     the test above (R_e = 128, L_e = 2.3125, R_r = 256, L_r = 35, M* = 67.6875 = 1083/16):
     at M*, 128 − 128 × 2.3125 × 16/1083 = 133888/1083 ≈ 123.63 samples/s for both."""
-    result = be.breakeven(elastic_log(tmp_path, True), restart_log(tmp_path, True),
-                          elastic_log(tmp_path, False), restart_log(tmp_path, False))
+    result = be.breakeven(
+        elastic_log(tmp_path, True),
+        restart_log(tmp_path, True),
+        elastic_log(tmp_path, False),
+        restart_log(tmp_path, False),
+    )
     fig = be.breakeven_figure(result)
     marker = next(tr for tr in fig.data if tr.name == "break-even")
     assert marker.x[0] == pytest.approx(67.6875, rel=1e-12)

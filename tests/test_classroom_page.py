@@ -2,12 +2,11 @@
 
 from __future__ import annotations
 
-
 import pytest
 
 from workbench.apps import classroom
-from workbench.run import rundir
 from workbench.apps.cli import main
+from workbench.run import rundir
 from workbench.spec.load import load_spec
 from workbench.widgets import Dashboard
 
@@ -45,8 +44,10 @@ def test_fault_buttons_are_off_unless_asked_for(tmp_path):
 def test_classroom_refuses_what_it_cannot_serve_in_one_line(tmp_path, capsys):
     assert main(["classroom", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == [f"workbench classroom: RUN: {str(tmp_path)!r} is not a run directory (no run.json); "
-                   "give one, or none for the newest under the run root"]
+    assert err == [
+        f"workbench classroom: RUN: {str(tmp_path)!r} is not a run directory (no run.json); "
+        "give one, or none for the newest under the run root"
+    ]
     import socket
 
     with socket.socket() as s:
@@ -54,14 +55,18 @@ def test_classroom_refuses_what_it_cannot_serve_in_one_line(tmp_path, capsys):
         s.listen()
         port = s.getsockname()[1]
         assert main(["classroom", "--run-root", str(tmp_path), "--port", str(port)]) == 2
-    assert capsys.readouterr().err.strip() == f"workbench classroom: --port: {port} on 127.0.0.1 is in use; pick another (--port P)"
+    assert (
+        capsys.readouterr().err.strip()
+        == f"workbench classroom: --port: {port} on 127.0.0.1 is in use; pick another (--port P)"
+    )
 
 
 def test_classroom_config_is_checked_before_anything_is_submitted(tmp_path, capsys):
     run_dir = _run(tmp_path / "runs", "x")
     assert main(["classroom", str(run_dir), "--config", "demo"]) == 2
-    assert capsys.readouterr().err.strip() == ("workbench classroom: RUN and --config: give one "
-                                               "(--config submits a new run and serves it)")
+    assert capsys.readouterr().err.strip() == (
+        "workbench classroom: RUN and --config: give one (--config submits a new run and serves it)"
+    )
     root = tmp_path / "fresh"
     assert main(["classroom", "--config", "demo", "--set", "replicas=0", "--set", f"run_root={root}"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

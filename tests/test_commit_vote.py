@@ -24,9 +24,15 @@ def test_local_vote_answers_as_torchfts_server_for_one_rank():
     server = None
     try:
         server = ManagerServer(
-            replica_id="replica_0", lighthouse_addr=lighthouse.address(), hostname="127.0.0.1",
-            bind="127.0.0.1:0", store_addr="127.0.0.1:1", world_size=1,
-            heartbeat_interval=timedelta(milliseconds=100), connect_timeout=timedelta(seconds=10), quorum_retries=0,
+            replica_id="replica_0",
+            lighthouse_addr=lighthouse.address(),
+            hostname="127.0.0.1",
+            bind="127.0.0.1:0",
+            store_addr="127.0.0.1:1",
+            world_size=1,
+            heartbeat_interval=timedelta(milliseconds=100),
+            connect_timeout=timedelta(seconds=10),
+            quorum_retries=0,
         )
         client = ManagerClient(server.address(), connect_timeout=timedelta(seconds=10))
         local = LocalVoteClient(client)

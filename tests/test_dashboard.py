@@ -10,8 +10,8 @@ import time
 import numpy as np
 import pytest
 
-from workbench.run import rundir
 from workbench.events.log import EventWriter
+from workbench.run import rundir
 from workbench.spec.load import load_spec
 from workbench.widgets import Dashboard, DashboardState, active_dashboards
 from workbench.widgets.state import decimate
@@ -43,8 +43,9 @@ class Writers:
     def replica(self, r, attempt=0):
         key = (r, attempt)
         if key not in self._replicas:
-            self._replicas[key] = EventWriter(self.run_dir, f"replica-{r}.attempt-{attempt}",
-                                              run="test", replica=r, attempt=attempt)
+            self._replicas[key] = EventWriter(
+                self.run_dir, f"replica-{r}.attempt-{attempt}", run="test", replica=r, attempt=attempt
+            )
         return self._replicas[key]
 
     def start(self, r, attempt=0):
@@ -56,9 +57,16 @@ class Writers:
 
     def step(self, r, step, attempt=0, loss=None, committed=True, participating=True, participants=3, quorum_id=1):
         return self.replica(r, attempt).emit(
-            "step", step=step, loss=loss if loss is not None else 5.0 / (1 + step) + 0.01 * r,
-            committed=committed, participating=participating, participants=participants,
-            quorum_id=quorum_id, step_time_s=0.02, tokens_per_s=12800.0, mem_gb=0.5,
+            "step",
+            step=step,
+            loss=loss if loss is not None else 5.0 / (1 + step) + 0.01 * r,
+            committed=committed,
+            participating=participating,
+            participants=participants,
+            quorum_id=quorum_id,
+            step_time_s=0.02,
+            tokens_per_s=12800.0,
+            mem_gb=0.5,
         )
 
 
@@ -94,7 +102,9 @@ def test_loss_traces_follow_step_events(dashboard, writers):
         assert drawn["y"][-1] == pytest.approx(5.0 / 11 + 0.01 * r)
         assert drawn["customdata"] == list(range(1, 11))
         style = plot.spec["traces"][r]
-        assert style["name"] == f"replica {r}" and "replica" in style["hovertemplate"] and "loss" in style["hovertemplate"]
+        assert (
+            style["name"] == f"replica {r}" and "replica" in style["hovertemplate"] and "loss" in style["hovertemplate"]
+        )
     assert tile_states(dashboard) == {0: "participating", 1: "participating", 2: "participating"}
     assert dashboard.progress.value == 10 and dashboard.progress.max == 100
     assert "data-replica='1' data-state='participating'" in dashboard.tiles.value
@@ -149,7 +159,9 @@ def test_kill_dead_restart_heal_participate_with_markers(dashboard, writers):
     assert tile_states(dashboard) == {0: "participating", 1: "participating", 2: "participating"}
     assert "data-replica='1' data-state='participating' data-attempt='1'" in dashboard.tiles.value
     assert [q["participants"] for q in dashboard.state.quorum_history] == [3, 2, 3]
-    assert "class='wb-participants'" in dashboard.quorum_panel.value and "data-changes='3'" in dashboard.quorum_panel.value
+    assert (
+        "class='wb-participants'" in dashboard.quorum_panel.value and "data-changes='3'" in dashboard.quorum_panel.value
+    )
     assert "fault" in dashboard.tail_panel.value and "restart" in dashboard.tail_panel.value
 
 
@@ -185,7 +197,10 @@ def sent_messages(widget):
     """Record what ``widget.send`` ships to the frontends (the comm's content), in order."""
     sent = []
     original = widget.send
-    widget.send = lambda content, buffers=None: (sent.append(json.loads(json.dumps(content))), original(content, buffers))
+    widget.send = lambda content, buffers=None: (
+        sent.append(json.loads(json.dumps(content))),
+        original(content, buffers),
+    )
     return sent
 
 
@@ -221,8 +236,13 @@ def test_each_update_sends_only_the_new_points(dashboard, writers):
     dashboard.update()
     (msg,) = sent
     assert msg["type"] == "update" and not msg["full"] and msg["reset"] == []
-    assert msg["traces"] == {"replica 0": {"x": [21.0, 22.0], "y": [pytest.approx(5.0 / 22), pytest.approx(5.0 / 23)],
-                                           "customdata": [21.0, 22.0]}}
+    assert msg["traces"] == {
+        "replica 0": {
+            "x": [21.0, 22.0],
+            "y": [pytest.approx(5.0 / 22), pytest.approx(5.0 / 23)],
+            "customdata": [21.0, 22.0],
+        }
+    }
     dashboard.update()  # nothing new: nothing sent
     assert len(sent) == 1
 
@@ -281,8 +301,10 @@ def test_update_with_100k_loss_points_is_fast(run_dir, writers):
         assert not any(m["reset"] for m in updates)
         assert max(len(t["x"]) for m in updates for t in list(m["traces"].values()) + list(m["tails"].values())) <= 3
         median = sorted(times)[len(times) // 2]
-        print(f"\n100k loss points: first update (parse+fold+draw) {first * 1000:.0f} ms, "
-              f"incremental update median {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms")
+        print(
+            f"\n100k loss points: first update (parse+fold+draw) {first * 1000:.0f} ms, "
+            f"incremental update median {median * 1000:.1f} ms, max {max(times) * 1000:.1f} ms"
+        )
         # The speed target (100 ms) is `make bench`'s; this checks the behaviour behind it: an update
         # reads and folds only the new lines (the fold gained exactly the 30 written) and draws a
         # decimated figure, so it costs a small fraction of the first update, which parsed all 100k
@@ -320,12 +342,14 @@ def test_updater_thread_follows_events_and_a_rerun_replaces_it(run_dir, writers)
 
 def test_state_ignores_garbage_fields():
     s = DashboardState(2, 10)
-    s.apply([
-        {"t": 1.0, "kind": "step", "replica": "x", "loss": "nan?"},
-        {"t": 2.0, "kind": "step", "replica": 0, "loss": float("nan"), "step": 1},
-        {"t": 3.0, "kind": "fault", "action": "lighthouse_kill", "target": "lighthouse", "origin": "api"},
-        {"t": 4.0, "kind": "unknown"},
-    ])
+    s.apply(
+        [
+            {"t": 1.0, "kind": "step", "replica": "x", "loss": "nan?"},
+            {"t": 2.0, "kind": "step", "replica": 0, "loss": float("nan"), "step": 1},
+            {"t": 3.0, "kind": "fault", "action": "lighthouse_kill", "target": "lighthouse", "origin": "api"},
+            {"t": 4.0, "kind": "unknown"},
+        ]
+    )
     assert len(s.loss[0]) == 0 and [m.kind for m in s.markers] == ["diverged", "fault"]
     assert s.markers[1].replica is None
 
@@ -339,8 +363,12 @@ def real_run(start_run, run_root):
 def test_kill_button_kills_the_replica_of_a_real_run(real_run):
     d = Dashboard(real_run)
     try:
-        wait_until(lambda: d.state.tiles[1].state == "participating" and (d.state.tiles[1].step or 0) >= 3,
-                   timeout=120, poll=0.2, what="replica 1 to commit steps")
+        wait_until(
+            lambda: d.state.tiles[1].state == "participating" and (d.state.tiles[1].step or 0) >= 3,
+            timeout=120,
+            poll=0.2,
+            what="replica 1 to commit steps",
+        )
         proc = real_run.run_state.replicas[1].live_proc()
         assert proc is not None and proc.alive()
         pid = proc.pid
@@ -350,13 +378,21 @@ def test_kill_button_kills_the_replica_of_a_real_run(real_run):
         assert "kill" in d.fault_status.value and str(pid) in d.fault_status.value
         wait_until(lambda: not proc.alive(), timeout=10, what=f"pid {pid} to die")
         fault_events = real_run.events("fault")
-        assert ((fault_events["origin"] == "button") & (fault_events["action"] == "kill")
-                & (fault_events["target"] == 1)).any()
-        wait_until(lambda: d.state.tiles[1].state == "dead" or d.state.tiles[1].attempt >= 1,
-                   timeout=10, what="the tile to show the kill")
+        assert (
+            (fault_events["origin"] == "button") & (fault_events["action"] == "kill") & (fault_events["target"] == 1)
+        ).any()
+        wait_until(
+            lambda: d.state.tiles[1].state == "dead" or d.state.tiles[1].attempt >= 1,
+            timeout=10,
+            what="the tile to show the kill",
+        )
         wait_until(lambda: len(d.loss_plot.drawn("faults").get("x", [])) >= 1, timeout=5, what="a fault marker")
-        wait_until(lambda: d.state.tiles[1].attempt >= 1 and d.state.tiles[1].state == "participating",
-                   timeout=120, poll=0.2, what="replica 1 to be relaunched and rejoin")
+        wait_until(
+            lambda: d.state.tiles[1].attempt >= 1 and d.state.tiles[1].state == "participating",
+            timeout=120,
+            poll=0.2,
+            what="replica 1 to be relaunched and rejoin",
+        )
     finally:
         d.stop()
 
@@ -388,8 +424,8 @@ def test_a_checkpoint_restart_shows_a_restore_marker_and_the_steps_redone(tmp_pa
 def test_panels_escape_what_event_files_say_and_use_decimal_units(tmp_path):
     """Quorum ids and heal sources come from files any job writes: shown as text, never as HTML.
     Sizes in decimal units, as `workbench summary` prints them (1,500,000 bytes is 1.5 MB)."""
-    from workbench.run import rundir
     from workbench.events.log import EventWriter
+    from workbench.run import rundir
     from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "esc", load_spec("demo", {"faults": []}).to_dict())
@@ -407,8 +443,8 @@ def test_a_diverged_loss_is_marked_on_the_plot_and_the_tile(tmp_path):
     """NaN is not plotted (no y), so it must be marked: the tile says diverged, and the plot has
     a `diverged` marker at that step; status reports the step too."""
     import workbench as wb
-    from workbench.run import rundir
     from workbench.events.log import EventWriter
+    from workbench.run import rundir
     from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "nan", load_spec("demo", {"faults": [], "replicas": 2}).to_dict())
@@ -417,7 +453,9 @@ def test_a_diverged_loss_is_marked_on_the_plot_and_the_tile(tmp_path):
     for step, loss in [(1, 3.0), (2, 2.5), (3, float("nan")), (4, float("nan"))]:
         w.emit("step", step=step, loss=loss, committed=True, participating=True)
     d = Dashboard(run_dir, start=False)
-    assert "data-replica='0' data-state='participating' data-attempt='0' data-step='4' data-diverged='3'" in d.tiles.value
+    assert (
+        "data-replica='0' data-state='participating' data-attempt='0' data-step='4' data-diverged='3'" in d.tiles.value
+    )
     assert "diverged at step 3" in d.tiles.value and "data-diverged=''" in d.tiles.value  # replica 1 did not
     diverged = d.loss_plot.drawn("diverged")
     assert diverged["customdata"] == [3.0] and diverged["y"] == [2.5]

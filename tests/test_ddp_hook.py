@@ -43,7 +43,9 @@ def group_manager(replica, min_replicas, lighthouse, **kwargs):
     return manager, pg
 """
 
-SCRIPT = PRELUDE + r"""
+SCRIPT = (
+    PRELUDE
+    + r"""
 import threading
 from torchft import DistributedDataParallel, Optimizer
 from torchft.manager import WorldSizeMode
@@ -98,9 +100,12 @@ print(json.dumps({"out": out, "errors": errors, "alive": [t.is_alive() for t in 
 lighthouse.shutdown()
 os._exit(0)
 """
+)
 
 
-FAILING = PRELUDE + r"""
+FAILING = (
+    PRELUDE
+    + r"""
 import logging
 from workbench.trainers.torchft.ddp_hook import allreduce_and_wait, sum_options
 
@@ -128,6 +133,7 @@ manager.shutdown(wait=False)
 lighthouse.shutdown()
 os._exit(0)
 """
+)
 
 
 def test_workbench_hook_gives_torchfts_gradients_with_a_non_participant():

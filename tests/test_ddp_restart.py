@@ -9,8 +9,15 @@ pytestmark = pytest.mark.slow
 
 
 def test_a_killed_rank_fails_the_job_fast_and_the_relaunch_resumes_from_the_checkpoint(start_run):
-    run = start_run("demo", {"trainer": "ddp-restart", "steps": 200, "checkpoint.every_steps": 40,
-                             "faults": [{"action": "kill", "target": 1, "at_step": 100}]})
+    run = start_run(
+        "demo",
+        {
+            "trainer": "ddp-restart",
+            "steps": 200,
+            "checkpoint.every_steps": 40,
+            "faults": [{"action": "kill", "target": 1, "at_step": 100}],
+        },
+    )
     status = run.wait(timeout=240)
     assert status["state"] == "completed" and status["step"] == 200, status
     ev = run.event_records()

@@ -21,13 +21,15 @@ import pytest
 from workbench import devcluster
 
 from .conftest import (
-    assert_slurmds_listen_on_their_nodes, local_slurm, slurm_prerequisites, slurmd_pids, tcp_listeners, workbench_cli,
+    assert_slurmds_listen_on_their_nodes,
+    local_slurm,
+    slurm_prerequisites,
+    slurmd_pids,
+    tcp_listeners,
+    workbench_cli,
 )
 
-pytestmark = [
-    pytest.mark.slurm,
-    *slurm_prerequisites(),
-]
+pytestmark = [pytest.mark.slurm, *slurm_prerequisites()]
 
 
 @pytest.fixture(scope="module")
@@ -71,8 +73,9 @@ def test_submitit_job_runs_to_completion(cluster, tmp_path):
 
     t0 = time.monotonic()
     executor = submitit.AutoExecutor(folder=tmp_path / "jobs", cluster="slurm")
-    executor.update_parameters(timeout_min=5, slurm_partition=cluster["partition"],
-                               slurm_additional_parameters={"account": cluster["account"]})
+    executor.update_parameters(
+        timeout_min=5, slurm_partition=cluster["partition"], slurm_additional_parameters={"account": cluster["account"]}
+    )
     job = executor.submit(os.getenv, "SLURMD_NODENAME")
     wait_for(job.done, 60, f"job {job.job_id} to finish")
     assert job.result() in cluster["nodes"]
@@ -157,8 +160,9 @@ def test_slurmctld_and_slurmdbd_listen_on_the_head_address_only(cluster):
     head = cluster["network"]["head"]
     for daemon in ("slurmctld", "slurmdbd"):
         proc = psutil.Process(cluster["pids"][daemon])
-        listening = {(c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet")
-                     if c.status == psutil.CONN_LISTEN}
+        listening = {
+            (c.laddr.ip, c.laddr.port) for c in proc.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN
+        }
         assert listening == {(head, cluster["ports"][daemon])}, (daemon, listening)
     assert "is UP" in slurm("scontrol", "ping").stdout
     assert devcluster.CLUSTER_NAME in slurm("sacctmgr", "-n", "-P", "list", "cluster", "format=Cluster").stdout.split()
@@ -173,9 +177,19 @@ def test_mariadb_socket_directory_is_private(cluster):
 def test_no_mariadb_account_logs_in_without_a_secret(cluster):
     """Every account that can log in needs a password or is tied to an OS user (unix_socket)."""
     result = subprocess.run(
-        ["mariadb", "--no-defaults", f"--socket={cluster['mysql_socket']}", "-uroot", "-N", "-B",
-         "-e", "SELECT user, host, priv FROM mysql.global_priv"],
-        capture_output=True, text=True, timeout=30,
+        [
+            "mariadb",
+            "--no-defaults",
+            f"--socket={cluster['mysql_socket']}",
+            "-uroot",
+            "-N",
+            "-B",
+            "-e",
+            "SELECT user, host, priv FROM mysql.global_priv",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
     )
     assert result.returncode == 0, result.stderr
     accounts = [line.split("\t") for line in result.stdout.splitlines()]

@@ -15,11 +15,7 @@ from workbench.cluster.slurm.drill import drill
 
 from .conftest import local_slurm, slurm_prerequisites
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.slow,
-    *slurm_prerequisites(),
-]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, *slurm_prerequisites()]
 
 
 def test_the_drill_reports_signals_requeue_and_arrays_of_the_local_slurm(tmp_path, run_root):
@@ -27,8 +23,10 @@ def test_the_drill_reports_signals_requeue_and_arrays_of_the_local_slurm(tmp_pat
         table = drill(conf=info["env"]["SLURM_CONF"])
     answers = {(r.probe, r.question): r for r in table.itertuples()}
     (drill_dir,) = (run_root / "drills").iterdir()
-    probe = {name: [json.loads(line) for line in (drill_dir / f"{name}.log").read_text().splitlines()]
-             for name in ("preempt", "requeue", "array-0", "array-1", "signal")}
+    probe = {
+        name: [json.loads(line) for line in (drill_dir / f"{name}.log").read_text().splitlines()]
+        for name in ("preempt", "requeue", "array-0", "array-1", "signal")
+    }
 
     preempt = answers[("preempt", "signals the task gets (scancel, as PreemptMode=CANCEL does)")]
     assert "SIGTERM" in preempt.answer.split(", ")

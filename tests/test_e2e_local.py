@@ -72,8 +72,10 @@ def test_kill_one_replica_survivors_keep_training_and_victim_heals(start_run):
     assert summary["kill_to_rejoin_s"] is not None and summary["kill_to_rejoin_s"] > 0
     # torchft.rust_log's default, warn: no per-quorum info lines from torchft's Rust side, in a group's
     # stderr or in the lighthouse's log (tests/test_forkserver.py sees them with rust_log=info).
-    logs = [run.run_dir / "jobs" / str(p) / f"{p}_0_log.err"
-            for p in events[(events["kind"] == "start") & events["replica"].notna()]["pid"].astype(int)]
+    logs = [
+        run.run_dir / "jobs" / str(p) / f"{p}_0_log.err"
+        for p in events[(events["kind"] == "start") & events["replica"].notna()]["pid"].astype(int)
+    ]
     logs.append(run.run_dir / "lighthouse" / "lighthouse.log")
     assert all(f.exists() for f in logs), logs
     assert not [f for f in logs if "[INFO] [torchft::" in f.read_text()]

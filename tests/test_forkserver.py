@@ -30,8 +30,12 @@ def draw() -> dict:
     import torch
 
     return {
-        "pid": os.getpid(), "ppid": os.getppid(), "job_id": os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
-        "random": random.random(), "numpy": float(numpy.random.rand()), "torch": torch.rand(3).tolist(),
+        "pid": os.getpid(),
+        "ppid": os.getppid(),
+        "job_id": os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
+        "random": random.random(),
+        "numpy": float(numpy.random.rand()),
+        "torch": torch.rand(3).tolist(),
         "sockets": len(psutil.Process().net_connections(kind="all")),
         "fds": sorted(int(f) for f in os.listdir("/proc/self/fd")),
         "threads": len(os.listdir("/proc/self/task")),
@@ -103,8 +107,11 @@ def test_cancel_escalates_to_sigkill_and_the_child_is_reaped(server, tmp_path):
     ex = ForkExecutor(tmp_path / "jobs" / "%j", server)
     job = ex.submit(stubborn)
     pid = int(job.job_id)
-    wait_until(lambda: job.paths.stdout.exists() and "stubborn ready" in job.paths.stdout.read_text(), 60,
-               "the job to ignore SIGINT")
+    wait_until(
+        lambda: job.paths.stdout.exists() and "stubborn ready" in job.paths.stdout.read_text(),
+        60,
+        "the job to ignore SIGINT",
+    )
     assert not job.done()
     t0 = time.monotonic()
     job.cancel()
@@ -132,21 +139,39 @@ def test_the_server_refuses_to_fork_with_a_thread_or_a_listener():
     assert threaded.startswith("2 threads")
 
 
-
-
 @pytest.mark.slow
 def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(start_run):
     # 3: neither tokio's default (a worker per core) nor the workbench's (1), so the check below can only
     # pass if the setting reached the runtimes the Manager started in each forked group.
     # rust_log=info: not the default (warn), read by torchft when the server imported it, before the fork.
-    run = start_run("demo", {"faults": [], "steps": 100000, "model.step_delay_s": 0.01, "torchft.tokio_worker_threads": 3,
-                             "torchft.rust_log": "info"})
+    run = start_run(
+        "demo",
+        {
+            "faults": [],
+            "steps": 100000,
+            "model.step_delay_s": 0.01,
+            "torchft.tokio_worker_threads": 3,
+            "torchft.rust_log": "info",
+        },
+    )
     run.wait_for_step(20, timeout=120)
-    server = next(p for p in psutil.Process(run._controller.pid).children()
-                  if "workbench.cluster.local.forkserver" in " ".join(p.cmdline()))
+    server = next(
+        p
+        for p in psutil.Process(run._controller.pid).children()
+        if "workbench.cluster.local.forkserver" in " ".join(p.cmdline())
+    )
     fault = run.kill(replica=1)
-    run.wait_for(lambda r: any(e["kind"] == "step" and e["replica"] == 1 and e["attempt"] == 1
-                               and e.get("participating") and e.get("committed") for e in r.events_read), 120)
+    run.wait_for(
+        lambda r: any(
+            e["kind"] == "step"
+            and e["replica"] == 1
+            and e["attempt"] == 1
+            and e.get("participating")
+            and e.get("committed")
+            for e in r.events_read
+        ),
+        120,
+    )
     events = run.event_records()
 
     starts = {(e["replica"], e["attempt"]): e for e in events if e["kind"] == "start" and e.get("replica") is not None}
@@ -159,8 +184,11 @@ def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(s
     proc = psutil.Process(again["pid"])
     assert abs(proc.create_time() - psutil.boot_time() - again["pid_start"]) <= 0.05  # seconds since boot
     assert proc.ppid() == server.pid  # forked by the run's fork server, not started by submitit's local controller
-    assert [e["seconds"] for e in events if e["kind"] == "phase" and e.get("phase") == "imports_done"
-            and e.get("replica") == 1 and e.get("attempt") == 1][0] < 0.5  # nothing left to import
+    assert [
+        e["seconds"]
+        for e in events
+        if e["kind"] == "phase" and e.get("phase") == "imports_done" and e.get("replica") == 1 and e.get("attempt") == 1
+    ][0] < 0.5  # nothing left to import
     # torchft.tokio_worker_threads: the Manager's runtimes (its server and its client) each have that many workers.
     for pid in (starts[(0, 0)]["pid"], again["pid"]):
         names = [Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{pid}/task")]
@@ -180,8 +208,11 @@ def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(s
 
 
 def _losses(run) -> dict:
-    return {(e["replica"], e["step"]): (e["loss"], e.get("weights")) for e in run.event_records()
-            if e["kind"] == "step" and e.get("committed")}
+    return {
+        (e["replica"], e["step"]): (e["loss"], e.get("weights"))
+        for e in run.event_records()
+        if e["kind"] == "step" and e.get("committed")
+    }
 
 
 @pytest.mark.slow

@@ -12,9 +12,17 @@ from .test_recovery_timeline import hand_log
 
 # ml-goodput-measurement 0.2.x, goodput_utils.BadputType, in enum order.
 LIBRARY_BADPUT_TYPES = [
-    "TPU_INITIALIZATION", "TRAINING_PREP", "PROGRAM_STARTUP", "DATA_LOADING_SYNC", "DATA_LOADING_ASYNC",
-    "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME", "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME", "WASTED_PROGRESS_FROM_DISRUPTION",
-    "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION", "CUSTOM_BADPUT_EVENTS", "OTHER",
+    "TPU_INITIALIZATION",
+    "TRAINING_PREP",
+    "PROGRAM_STARTUP",
+    "DATA_LOADING_SYNC",
+    "DATA_LOADING_ASYNC",
+    "UNPRODUCTIVE_CHECKPOINT_SAVE_TIME",
+    "UNPRODUCTIVE_CHECKPOINT_RESTORE_TIME",
+    "WASTED_PROGRESS_FROM_DISRUPTION",
+    "INFRASTRUCTURE_RECOVERY_FROM_DISRUPTION",
+    "CUSTOM_BADPUT_EVENTS",
+    "OTHER",
 ]
 
 
@@ -44,6 +52,12 @@ def test_each_workbench_cause_lands_in_exactly_one_library_type(cause):
 
 def test_the_library_types_the_workbench_has_no_cause_for_are_listed_empty():
     by_type = analysis.badput_by_type({"badput_s": {c: 1.0 for c in analysis.BADPUT_PARTS}})
-    for name in ("TPU_INITIALIZATION", "TRAINING_PREP", "DATA_LOADING_SYNC", "DATA_LOADING_ASYNC", "CUSTOM_BADPUT_EVENTS"):
+    for name in (
+        "TPU_INITIALIZATION",
+        "TRAINING_PREP",
+        "DATA_LOADING_SYNC",
+        "DATA_LOADING_ASYNC",
+        "CUSTOM_BADPUT_EVENTS",
+    ):
         assert by_type.loc[name, "seconds"] == 0.0 and by_type.loc[name, "causes"] == ""
     assert set(by_type.loc["PROGRAM_STARTUP", "causes"].split(", ")) == {"startup", "restart"}

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from workbench import analysis
-from workbench.faults import kinds as faultkinds
-from workbench.faults import host as hostfaults
 from workbench.cluster.procs import Proc
+from workbench.faults import host as hostfaults
+from workbench.faults import kinds as faultkinds
 
 pytestmark = pytest.mark.slow
 
@@ -19,13 +19,15 @@ def _cgroup_of(pid: int, controller: str) -> str:
 
 
 def _steps(run, replica, t0, t1=float("inf")):
-    return [e for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica and e.get("committed")
-            and t0 <= e["t"] < t1]
+    return [
+        e
+        for e in run.events_read
+        if e["kind"] == "step" and e.get("replica") == replica and e.get("committed") and t0 <= e["t"] < t1
+    ]
 
 
 def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_leaves_nothing(start_run):
-    run = start_run("demo", {"faults": [], "steps": 100000, "replicas": 2, "min_replicas": 1,
-                             "hang.timeout_s": 2.0})
+    run = start_run("demo", {"faults": [], "steps": 100000, "replicas": 2, "min_replicas": 1, "hang.timeout_s": 2.0})
     run.wait_for_step(20, replica=1, timeout=180)
     pid = run.status()["replicas"]["1"]["pid"]
     before = {c: _cgroup_of(pid, c) for c in ("cpu", "freezer")}
@@ -35,7 +37,9 @@ def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_lea
     assert group.name == f"wbn-{run.id}-r1-straggler" and pid in fault["pids"]
     assert (group / "cpu.cfs_quota_us").read_text().strip() == "25000"
     assert pid in {int(p) for p in (group / "cgroup.procs").read_text().split()}
-    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "straggler" for e in r.events_read), timeout=30)
+    run.wait_for(
+        lambda r: any(e["kind"] == "fault" and e.get("resumed") == "straggler" for e in r.events_read), timeout=30
+    )
     assert not group.exists() and _cgroup_of(pid, "cpu") == before["cpu"]
 
     run.wait_for_step(analysis.max_committed_step(run.events_read, 1) + 5, replica=1, timeout=60)
@@ -43,8 +47,9 @@ def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_lea
     group = Path(fault["cgroup"])
     assert (group / "freezer.state").read_text().strip() in ("FREEZING", "FROZEN")
     assert run.status()["replicas"]["1"]["state"] == "hung"
-    resumed = run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "freeze" for e in r.events_read),
-                           timeout=30)
+    resumed = run.wait_for(
+        lambda r: any(e["kind"] == "fault" and e.get("resumed") == "freeze" for e in r.events_read), timeout=30
+    )
     resume = next(e for e in resumed.events_read if e.get("resumed") == "freeze")
     assert not group.exists() and _cgroup_of(pid, "freezer") == before["freezer"]
     # Frozen means no step of its own in between; thawed, the same process steps on.
@@ -80,9 +85,13 @@ def node_netns():
     node = f"t{uuid.uuid4().hex[:6]}"
     ns, host, inside = f"wbn-{node}", f"wbn-{node}", f"wbn-{node}p"
     try:
-        for argv in (["netns", "add", ns], ["link", "add", host, "type", "veth", "peer", "name", inside],
-                     ["link", "set", inside, "netns", ns], ["link", "set", host, "up"],
-                     ["-n", ns, "link", "set", inside, "up"]):
+        for argv in (
+            ["netns", "add", ns],
+            ["link", "add", host, "type", "veth", "peer", "name", inside],
+            ["link", "set", inside, "netns", ns],
+            ["link", "set", host, "up"],
+            ["-n", ns, "link", "set", inside, "up"],
+        ):
             subprocess.run(["ip", *argv], check=True, capture_output=True, timeout=20)
         yield node
     finally:
@@ -91,7 +100,14 @@ def node_netns():
 
 
 def _tbf(node, inside=False):
-    argv = ["tc", *(["-n", f"wbn-{node}"] if inside else []), "qdisc", "show", "dev", f"wbn-{node}{'p' if inside else ''}"]
+    argv = [
+        "tc",
+        *(["-n", f"wbn-{node}"] if inside else []),
+        "qdisc",
+        "show",
+        "dev",
+        f"wbn-{node}{'p' if inside else ''}",
+    ]
     return "tbf" in subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout
 
 

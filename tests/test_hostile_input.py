@@ -10,23 +10,61 @@ import workbench as wb
 from .conftest import REPO
 
 BAD_OVERRIDES = [
-    ["replicas=-1"], ["replicas=1e9"], ["replicas=[1,2]"], ["replicas={a: 1}"], ["replicas=true"],
-    ["steps=0"], ["steps=abc"], ["min_replicas=0"], ["seed=-3"], ["max_restarts=-1"],
-    ["relaunch_delay_s=-1"], ["heartbeat_s=0"], ["spares=-1"], ["spares=2", "trainer=maxtext"],
-    ["lighthouse.heartbeat_timeout_ms=0"], ["lighthouse.port=70000"], ["lighthouse.quorum_tick_ms=1"],
-    ["torchft.timeout_s=0"], ["torchft.quorum_retries=-1"], ["model.dim=0"], ["model.vocab_size=3"],
-    ["model.lr=-0.1"], ["model.heads=3"], ["name=../../etc"], ["name=a/b"], ["name="], ["name=" + "x" * 80],
-    ["trainer=../../bin/sh"], ["cluster=local; rm -rf /"], ["faults=[{action: kill}]"],
-    ["faults=[{action: kill, at_step: 1, at_s: 2}]"], ["faults=[{action: hang, at_s: 1, seconds: 0}]"],
-    ["faults=not-a-list"], ["chaos={mtbf_s: 0}"], ["chaos={mtbf_s: 5, actions: []}"],
-    ["chaos={mtbf_s: 5, bogus: 1}"], ["hang.action=reboot"], ["slurm.nodes=0"], ["no_such_section.x=1"],
-    ["model=3"], ["replicas"], ["=3"],
+    ["replicas=-1"],
+    ["replicas=1e9"],
+    ["replicas=[1,2]"],
+    ["replicas={a: 1}"],
+    ["replicas=true"],
+    ["steps=0"],
+    ["steps=abc"],
+    ["min_replicas=0"],
+    ["seed=-3"],
+    ["max_restarts=-1"],
+    ["relaunch_delay_s=-1"],
+    ["heartbeat_s=0"],
+    ["spares=-1"],
+    ["spares=2", "trainer=maxtext"],
+    ["lighthouse.heartbeat_timeout_ms=0"],
+    ["lighthouse.port=70000"],
+    ["lighthouse.quorum_tick_ms=1"],
+    ["torchft.timeout_s=0"],
+    ["torchft.quorum_retries=-1"],
+    ["model.dim=0"],
+    ["model.vocab_size=3"],
+    ["model.lr=-0.1"],
+    ["model.heads=3"],
+    ["name=../../etc"],
+    ["name=a/b"],
+    ["name="],
+    ["name=" + "x" * 80],
+    ["trainer=../../bin/sh"],
+    ["cluster=local; rm -rf /"],
+    ["faults=[{action: kill}]"],
+    ["faults=[{action: kill, at_step: 1, at_s: 2}]"],
+    ["faults=[{action: hang, at_s: 1, seconds: 0}]"],
+    ["faults=not-a-list"],
+    ["chaos={mtbf_s: 0}"],
+    ["chaos={mtbf_s: 5, actions: []}"],
+    ["chaos={mtbf_s: 5, bogus: 1}"],
+    ["hang.action=reboot"],
+    ["slurm.nodes=0"],
+    ["no_such_section.x=1"],
+    ["model=3"],
+    ["replicas"],
+    ["=3"],
     ["titan=!!python/object/apply:os.system ['true']"],
-    ["maxtext=" + "[" * 5000 + "]" * 5000], ["titan=" + "{a: " * 30 + "1" + "}" * 30],
-    ["slurm.sbatch_args={constraint: \"h100\\nrm -rf ~\"}"], ["slurm.sbatch_args={\"con straint\": a}"],
-    ["slurm.srun_args=[\"--x\\ttab\"]"], ["lighthouse.bind_host=0.0.0.0"], ["lighthouse.bind_host=10.0.0.1"],
-    ["faults=[{action: node_down, at_step: 3}]"], ["chaos={mtbf_s: 5, actions: [slurmd_kill]}"],
-    ["maxtext=&a [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a]"],
+    ["maxtext=" + "[" * 5000 + "]" * 5000],
+    ["titan=" + "{a: " * 30 + "1" + "}" * 30],
+    ['slurm.sbatch_args={constraint: "h100\\nrm -rf ~"}'],
+    ['slurm.sbatch_args={"con straint": a}'],
+    ['slurm.srun_args=["--x\\ttab"]'],
+    ["lighthouse.bind_host=0.0.0.0"],
+    ["lighthouse.bind_host=10.0.0.1"],
+    ["faults=[{action: node_down, at_step: 3}]"],
+    ["chaos={mtbf_s: 5, actions: [slurmd_kill]}"],
+    [
+        "maxtext=&a [*a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a, *a]"
+    ],
 ]
 
 
@@ -56,8 +94,9 @@ def test_hostile_yaml_files(tmp_path, text, needle):
 
 
 def _cli(*args):
-    return subprocess.run([sys.executable, "-m", "workbench.apps.cli", *args], capture_output=True, text=True, cwd=REPO,
-                          timeout=120)
+    return subprocess.run(
+        [sys.executable, "-m", "workbench.apps.cli", *args], capture_output=True, text=True, cwd=REPO, timeout=120
+    )
 
 
 @pytest.mark.parametrize(

@@ -8,7 +8,6 @@ Two groups step once a second. Times are binary fractions, so every difference i
 | 30.5 | straggler on group 1 (4 s): both keep stepping, no quorum changes; undone at 34.5, group 1's next step 35. |
 """
 
-
 from workbench import analysis
 from workbench.state.fold import RunState
 
@@ -20,8 +19,16 @@ def _log() -> list:
         ev.append({"t": t0 + t, "kind": kind, **f})
 
     for s in range(1, 41):
-        e(s, "step", replica=0, attempt=0, step=s, committed=True, participating=True,
-          participants=1 if 12 <= s <= 18 else 2)
+        e(
+            s,
+            "step",
+            replica=0,
+            attempt=0,
+            step=s,
+            committed=True,
+            participating=True,
+            participants=1 if 12 <= s <= 18 else 2,
+        )
         if not 11 <= s <= 18:
             e(s + 0.125, "step", replica=1, attempt=0, step=s, committed=True, participating=True, participants=2)
     e(18, "step", replica=1, attempt=0, step=18, committed=False, participating=False)
@@ -39,7 +46,11 @@ def test_partition_row_reads_cut_quorum_without_it_link_back_healed_rejoined():
     rows = analysis.recovery_timeline(_log()).set_index("action")
     p = rows.loc["partition"]
     assert (p["quorum_without_victim"], p["replacement_started"], p["heal_done"], p["participating"]) == (
-        0.75, 6.0, 7.0, 8.625)  # its steps land 0.125 s after group 0's
+        0.75,
+        6.0,
+        7.0,
+        8.625,
+    )  # its steps land 0.125 s after group 0's
     assert bool(p["complete"])
 
 
@@ -52,10 +63,10 @@ def test_the_fold_marks_an_impaired_group_until_its_undo_and_keeps_its_state():
     state = RunState(2, 100)
     log = sorted(_log(), key=lambda e: e["t"])
     cut = next(i for i, e in enumerate(log) if e.get("action") == "partition")
-    state.apply(log[:cut + 1])
+    state.apply(log[: cut + 1])
     assert state.replicas[1].impaired["kind"] == "partition" and ("partition", 1) in state.host_faults
     back = next(i for i, e in enumerate(log) if e.get("resumed") == "partition")
-    state.apply(log[cut + 1:back + 1])
+    state.apply(log[cut + 1 : back + 1])
     assert state.replicas[1].impaired is None and state.host_faults == {}
 
 
@@ -65,8 +76,13 @@ def test_node_health_samples_a_busy_process_and_its_memory():
 
     from workbench.controller import nodehealth
 
-    busy = subprocess.Popen([sys.executable, "-c", "import time\nx = bytearray(64 << 20)\nt = time.time()\n"
-                             "while time.time() - t < 30: pass"])
+    busy = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import time\nx = bytearray(64 << 20)\nt = time.time()\nwhile time.time() - t < 30: pass",
+        ]
+    )
     try:
         sampler = nodehealth.Sampler()
         sampler.sample([("n1", [busy.pid]), ("idle", [])])
@@ -86,10 +102,24 @@ def test_a_node_health_sample_reaches_the_node_view_and_its_tile_line():
     from workbench.widgets.state import DashboardState
 
     state = RunState(1, 100)
-    state.apply([{"t": 1.0, "kind": "start", "replica": 0, "attempt": 0, "node": "n1", "pid": 4242, "role": "replica"},
-                 {"t": 2.0, "kind": "node_health", "node": "n1", "pid": 99, "cpu_percent": 87.5, "rss_bytes": 312_000_000,
-                  "mem_share": 0.0125, "net_sent_bytes": 10, "net_received_bytes": 20, "net_sent_bps": 12_000.0,
-                  "net_received_bps": 3_000.0}])
+    state.apply(
+        [
+            {"t": 1.0, "kind": "start", "replica": 0, "attempt": 0, "node": "n1", "pid": 4242, "role": "replica"},
+            {
+                "t": 2.0,
+                "kind": "node_health",
+                "node": "n1",
+                "pid": 99,
+                "cpu_percent": 87.5,
+                "rss_bytes": 312_000_000,
+                "mem_share": 0.0125,
+                "net_sent_bytes": 10,
+                "net_received_bytes": 20,
+                "net_sent_bps": 12_000.0,
+                "net_received_bps": 3_000.0,
+            },
+        ]
+    )
     (row,) = state.nodes.table(state.attempts())
     assert row["health"]["cpu_percent"] == 87.5 and "pid" not in row["health"]
     (shown,) = DashboardState(1, 100, run_state=state).node_rows()

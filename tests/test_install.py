@@ -20,8 +20,13 @@ REPO = Path(__file__).resolve().parent.parent
 @pytest.fixture
 def setup_tree(tmp_path):
     """The files `make` reads, without .venv or .venv-maxtext: a fresh clone's set-up."""
-    for name in ("Makefile", "pyproject.toml", "requirements-titan.txt", "requirements-browser.txt",
-                 "requirements-maxtext.txt"):
+    for name in (
+        "Makefile",
+        "pyproject.toml",
+        "requirements-titan.txt",
+        "requirements-browser.txt",
+        "requirements-maxtext.txt",
+    ):
         shutil.copy(REPO / name, tmp_path / name)
     shutil.copytree(REPO / "scripts", tmp_path / "scripts")
     return tmp_path
@@ -41,8 +46,13 @@ def _bare_path(tmp_path: Path, keep: tuple[str, ...]) -> str:
 def _make(tree: Path, target: str, env: dict) -> subprocess.CompletedProcess:
     make = shutil.which("make")
     assert make, "GNU make is what the README's two commands assume"
-    return subprocess.run([make, "-C", str(tree), target], capture_output=True, text=True, timeout=60,
-                          env={k: v for k, v in os.environ.items() if k not in ("MAXTEXT_PYTHON", "PYTHON")} | env)
+    return subprocess.run(
+        [make, "-C", str(tree), target],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={k: v for k, v in os.environ.items() if k not in ("MAXTEXT_PYTHON", "PYTHON")} | env,
+    )
 
 
 @pytest.mark.parametrize("target", ["demo", "test"])
@@ -50,8 +60,10 @@ def test_make_without_a_usable_python_stops_with_one_line(setup_tree, target):
     r = _make(setup_tree, target, {"PYTHON": "/nonexistent/python3.11"})
     assert r.returncode != 0
     ours = [line for line in r.stderr.splitlines() if line.startswith(f"make {target}:")]
-    assert ours == [f"make {target}: needs a Python >= 3.11 as PYTHON (now '/nonexistent/python3.11'); "
-                    "Debian/Ubuntu: apt-get install python3, or PYTHON=/path/to/python3.11"], r.stderr
+    assert ours == [
+        f"make {target}: needs a Python >= 3.11 as PYTHON (now '/nonexistent/python3.11'); "
+        "Debian/Ubuntu: apt-get install python3, or PYTHON=/path/to/python3.11"
+    ], r.stderr
     assert "Traceback" not in r.stderr + r.stdout
     assert not (setup_tree / ".venv").exists()
 
@@ -62,7 +74,9 @@ def test_make_test_without_python312_names_it_before_installing_anything(setup_t
     r = _make(setup_tree, "test", {"PYTHON": python311, "PATH": path})
     assert r.returncode != 0
     ours = [line for line in r.stderr.splitlines() if line.startswith("make test:")]
-    assert len(ours) == 1 and "MaxText needs a Python >= 3.12" in ours[0] and "pyenv install 3.12.1" in ours[0], r.stderr
+    assert len(ours) == 1 and "MaxText needs a Python >= 3.12" in ours[0] and "pyenv install 3.12.1" in ours[0], (
+        r.stderr
+    )
     assert not (setup_tree / ".venv").exists() and not (setup_tree / ".venv-maxtext").exists()
 
 

@@ -21,10 +21,13 @@ def test_kernel_killed_mid_run_then_attach_kill_and_stop(run_root, tmp_path):
     out = tmp_path / "run_dir.txt"
     km, kc = start_new_kernel(kernel_name="python3")
     try:
-        _run_in(kc, "import os, workbench as wb\n"
-                    "run = wb.submit('demo', {'faults': [], 'steps': 100000})\n"
-                    f"open({str(out)!r}, 'w').write(str(run.run_dir))\n"
-                    "run.wait_for_step(30, timeout=240)")
+        _run_in(
+            kc,
+            "import os, workbench as wb\n"
+            "run = wb.submit('demo', {'faults': [], 'steps': 100000})\n"
+            f"open({str(out)!r}, 'w').write(str(run.run_dir))\n"
+            "run.wait_for_step(30, timeout=240)",
+        )
         os.kill(km.provisioner.pid, signal.SIGKILL)  # the kernel dies without a chance to clean up
     except BaseException:
         if out.exists():  # the run outlives its kernel by design: stop it here
@@ -40,8 +43,10 @@ def test_kernel_killed_mid_run_then_attach_kill_and_stop(run_root, tmp_path):
         events = run.event_records()
         assert any(e["kind"] == "start" and e.get("role") == "controller" for e in events)  # full history
         fault = run.kill(replica=1)
-        run.wait_for(lambda r: any(e["kind"] == "heal" and e["replica"] == 1 and e["t"] > fault["t"]
-                                   for e in r.events_read), timeout=180)
+        run.wait_for(
+            lambda r: any(e["kind"] == "heal" and e["replica"] == 1 and e["t"] > fault["t"] for e in r.events_read),
+            timeout=180,
+        )
         assert run.stop()["state"] == "stopped"
         assert run.pids() == []
     finally:

@@ -14,8 +14,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_lighthouse_killed_mid_run_and_a_replica_killed_while_it_is_down(start_run):
-    run = start_run("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 900,
-                             "lighthouse.restart_delay_s": 4.0})
+    run = start_run(
+        "demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 900, "lighthouse.restart_delay_s": 4.0}
+    )
     run.wait_for_step(150, timeout=240)
     run.fault("lighthouse_kill")
     run.wait_for(lambda r: any(e["kind"] == "lighthouse" and e["state"] == "down" for e in r.events_read), 10)
@@ -49,8 +50,9 @@ def test_a_restart_that_finds_its_port_taken_is_retried_and_the_run_goes_on(star
     import time
     from urllib.parse import urlparse
 
-    run = start_run("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 600,
-                             "lighthouse.restart_delay_s": 1.0})
+    run = start_run(
+        "demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 600, "lighthouse.restart_delay_s": 1.0}
+    )
     run.wait_for_step(100, timeout=240)
     address = urlparse(next(e for e in run.events_read if e["kind"] == "lighthouse")["address"])
     run.fault("lighthouse_kill")
@@ -66,6 +68,7 @@ def test_a_restart_that_finds_its_port_taken_is_retried_and_the_run_goes_on(star
             time.sleep(0.01)
     squatter.listen(1)
     try:
+
         def failed_restarts(r):
             return [e for e in r.events_read if e["kind"] == "warning" and "lighthouse restart" in e.get("message", "")]
 

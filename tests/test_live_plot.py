@@ -10,8 +10,14 @@ import pytest
 from workbench.widgets.appendplot import AppendDecimator, PlotFeed, apply, drawn, full_message
 from workbench.widgets.state import DashboardState
 
-MARKERS = {"fault": "faults", "heal": "heals", "checkpoint": "checkpoints", "restore": "restarts",
-           "diverged": "diverged", "sync": "syncs"}
+MARKERS = {
+    "fault": "faults",
+    "heal": "heals",
+    "checkpoint": "checkpoints",
+    "restore": "restarts",
+    "diverged": "diverged",
+    "sync": "syncs",
+}
 
 
 def grow(total: int, seed: int = 0):
@@ -57,7 +63,7 @@ def test_decimation_equals_a_fresh_decimation_of_the_whole_series():
     shown: list[int] = []
     for v in grow(9_000, seed=3):
         reset, new, _ = incremental.update(v)
-        shown = (new.tolist() if reset else shown + new.tolist())
+        shown = new.tolist() if reset else shown + new.tolist()
     fresh = AppendDecimator(300)
     fresh.width = incremental.width
     _, all_at_once, _ = fresh.update(values)
@@ -78,8 +84,21 @@ def test_max_points_is_checked():
 
 
 def steps(state: DashboardState, replica: int, start: int, stop: int, t0: float = 1000.0):
-    state.apply([{"t": t0 + s * 0.1, "kind": "step", "replica": replica, "attempt": 0, "step": s,
-                  "loss": 5.0 / (1 + s), "committed": True, "participating": True} for s in range(start, stop)])
+    state.apply(
+        [
+            {
+                "t": t0 + s * 0.1,
+                "kind": "step",
+                "replica": replica,
+                "attempt": 0,
+                "step": s,
+                "loss": 5.0 / (1 + s),
+                "committed": True,
+                "participating": True,
+            }
+            for s in range(start, stop)
+        ]
+    )
 
 
 def test_feed_sends_only_new_points_and_markers():

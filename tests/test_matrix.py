@@ -9,11 +9,11 @@ from __future__ import annotations
 import pytest
 
 import workbench as wb
+from workbench.errors import SpecError
+from workbench.experiments.matrix import OUTCOMES, attach_matrix, plan
 from workbench.faults import kinds as faultkinds
 from workbench.faults.armed import Triggers
-from workbench.experiments.matrix import OUTCOMES, attach_matrix, plan
 from workbench.state.fold import RunState
-from workbench.spec.models import SpecError
 
 from .conftest import kill_pids
 
@@ -22,12 +22,21 @@ TINY = {"steps": 30, "replicas": 2, "checkpoint.every_steps": 5}  # min_replicas
 
 def test_plan_keeps_cells_that_cannot_run_and_draws_steps_inside_the_window():
     base = wb.load_spec("demo", TINY)
-    cells, points = plan(base, "kill,node_down,kill_during_checkpoint", ["torchft-lite", "ddp-restart"], ["local"],
-                         trials=4, window=(6, 9), seed=3)
+    cells, points = plan(
+        base,
+        "kill,node_down,kill_during_checkpoint",
+        ["torchft-lite", "ddp-restart"],
+        ["local"],
+        trials=4,
+        window=(6, 9),
+        seed=3,
+    )
     why = {(c["fault"], c["trainer"]): c.get("why_not") for c in cells}
     assert why == {
-        ("kill", "torchft-lite"): None, ("kill", "ddp-restart"): None,
-        ("node_down", "torchft-lite"): "cannot inject on local", ("node_down", "ddp-restart"): "cannot inject on local",
+        ("kill", "torchft-lite"): None,
+        ("kill", "ddp-restart"): None,
+        ("node_down", "torchft-lite"): "cannot inject on local",
+        ("node_down", "ddp-restart"): "cannot inject on local",
         ("kill_during_checkpoint", "torchft-lite"): "no checkpoint_writer in torchft-lite",
         ("kill_during_checkpoint", "ddp-restart"): None,
     }
@@ -41,23 +50,38 @@ def test_plan_keeps_cells_that_cannot_run_and_draws_steps_inside_the_window():
 
 
 def test_a_kind_that_does_not_apply_to_the_trainer_is_refused_before_submit():
-    with pytest.raises(SpecError, match="faults\\[0\\].action: kill_during_checkpoint does not apply to trainer "
-                                        "torchft-lite; allowed: kill, abort"):
+    with pytest.raises(
+        SpecError,
+        match="faults\\[0\\].action: kill_during_checkpoint does not apply to trainer "
+        "torchft-lite; allowed: kill, abort",
+    ):
         wb.load_spec("demo", {"faults": [{"action": "kill_during_checkpoint", "at_step": 5}]})
     assert not faultkinds.KINDS["kill_rank0"].supported_on("slurm")
 
 
 @pytest.mark.slow
 def test_a_2x2x3_matrix_counts_every_trial_and_gives_rates_with_wilson_intervals(run_root):
-    mx = wb.matrix("demo", TINY, faults="kill,preempt", trainers="torchft-lite,ddp-restart", trials=3,
-                   window=(5, 15), seed=1, max_parallel=2)
+    mx = wb.matrix(
+        "demo",
+        TINY,
+        faults="kill,preempt",
+        trainers="torchft-lite,ddp-restart",
+        trials=3,
+        window=(5, 15),
+        seed=1,
+        max_parallel=2,
+    )
     try:
         table = mx.wait(timeout=420)
     finally:
         mx.stop()
         kill_pids(mx.sweep.pids())
     assert list(zip(table["fault"], table["trainer"])) == [
-        ("kill", "torchft-lite"), ("kill", "ddp-restart"), ("preempt", "torchft-lite"), ("preempt", "ddp-restart")]
+        ("kill", "torchft-lite"),
+        ("kill", "ddp-restart"),
+        ("preempt", "torchft-lite"),
+        ("preempt", "ddp-restart"),
+    ]
     assert (table["status"] == "done").all() and (table["trials"] == 3).all()
     assert (table[list(OUTCOMES)].sum(axis=1) == 3).all()
 
@@ -70,7 +94,7 @@ def test_a_2x2x3_matrix_counts_every_trial_and_gives_rates_with_wilson_intervals
     # A kill and a preemption are what both trainers recover from: 3 of 3. Wilson 95% for k = n is
     # [n / (n + z²), 1], z = 1.959964: [0.438503, 1].
     assert (table["recovered"] == 3).all(), table[["fault", "trainer", *OUTCOMES]]
-    assert table["ci_low"].tolist() == pytest.approx([3 / (3 + 1.959964 ** 2)] * 4, abs=1e-6)
+    assert table["ci_low"].tolist() == pytest.approx([3 / (3 + 1.959964**2)] * 4, abs=1e-6)
     assert (table["ci_high"] == 1.0).all() and (table["rate"] == 1.0).all()
     elastic = table[table["trainer"] == "torchft-lite"].iloc[0]
     assert 0 < elastic["detect_median_s"] <= elastic["quorum_without_median_s"] <= elastic["first_step_median_s"]
@@ -89,12 +113,22 @@ def _run_to_end(start_run, overrides, timeout=240):
 
 @pytest.mark.slow
 def test_kill_rank0_and_kill_store_host_hit_rank_0_whatever_the_target(start_run):
-    run, _, ev = _run_to_end(start_run, {"steps": 40, "faults": [
-        {"action": "kill_rank0", "target": 1, "at_step": 8}, {"action": "kill_store_host", "target": 1, "at_step": 25}]})
+    run, _, ev = _run_to_end(
+        start_run,
+        {
+            "steps": 40,
+            "faults": [
+                {"action": "kill_rank0", "target": 1, "at_step": 8},
+                {"action": "kill_store_host", "target": 1, "at_step": 25},
+            ],
+        },
+    )
     starts = {(e["replica"], e["attempt"]): e["pid"] for e in ev if e["kind"] == "start" and e.get("role") == "replica"}
     faults = [e for e in ev if e["kind"] == "fault"]
     assert [(f["action"], f["target"], f["pid"]) for f in faults] == [
-        ("kill_rank0", 0, starts[(0, 0)]), ("kill_store_host", 0, starts[(0, 1)])]
+        ("kill_rank0", 0, starts[(0, 0)]),
+        ("kill_store_host", 0, starts[(0, 1)]),
+    ]
     assert [e["attempt"] for e in ev if e["kind"] == "restart"] == [1, 2]
     from workbench import analysis
 
@@ -113,9 +147,12 @@ def test_a_kill_during_a_save_leaves_it_incomplete_and_the_restart_uses_the_last
     held = [(e["attempt"], e["step"]) for e in ev if e["kind"] == "checkpoint" and e.get("held")]
     assert held == [(0, step)] and fault["attempt"] == 0
     assert [(e["attempt"], e["reason"]) for e in ev if e["kind"] == "job"] == [(0, "died"), (1, "completed")]
-    assert not [e for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["attempt"] == 0
-                and e["step"] == step]  # the save the kill landed in never committed
-    durable_before = max(e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["t"] < fault["t"])
+    assert not [
+        e for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["attempt"] == 0 and e["step"] == step
+    ]  # the save the kill landed in never committed
+    durable_before = max(
+        e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable") and e["t"] < fault["t"]
+    )
     restored = {e["from_step"] for e in ev if e["kind"] == "phase" and e.get("phase") == "restored"}
     assert restored == {durable_before} and durable_before < step
 
@@ -170,7 +207,15 @@ def test_the_ledger_tells_writing_skipped_and_incomplete_saves_and_checks_the_co
     ev = [
         {"kind": "start", "t": 1.0, "replica": 0, "attempt": 0, "role": "replica", "pid": 1, "host": "h"},
         {"kind": "checkpoint", "t": 2.0, "replica": 0, "attempt": 0, "step": 5, "state": "started", "durable": False},
-        {"kind": "checkpoint", "t": 2.1, "replica": 0, "attempt": 0, "step": 5, "durable": True, "path": str(committed)},
+        {
+            "kind": "checkpoint",
+            "t": 2.1,
+            "replica": 0,
+            "attempt": 0,
+            "step": 5,
+            "durable": True,
+            "path": str(committed),
+        },
         {"kind": "checkpoint", "t": 3.0, "replica": 0, "attempt": 0, "step": 10, "state": "started", "durable": False},
         {"kind": "step", "t": 3.5, "replica": 0, "attempt": 0, "step": 11, "committed": True},
         {"kind": "checkpoint", "t": 4.0, "replica": 0, "attempt": 0, "step": 15, "state": "started", "durable": False},

@@ -23,9 +23,9 @@ import submitit
 
 from workbench.events.log import read_all
 from workbench.spec.load import load_spec
+from workbench.trainers.base import JobContext, job_entrypoint
 from workbench.trainers.maxtext import command as maxtext_command
 from workbench.trainers.maxtext import output as maxtext_output
-from workbench.trainers.base import JobContext, job_entrypoint
 
 pytestmark = [
     pytest.mark.maxtext,
@@ -76,8 +76,10 @@ class Attempt:
         ctx_file = run_dir / f"ctx.attempt-{attempt}.pkl"
         ctx_file.write_bytes(pickle.dumps(self.ctx))
         self.proc = subprocess.Popen(
-            [sys.executable, "-c", ENTRY, str(ctx_file)], cwd=REPO,
-            stdout=subprocess.DEVNULL, stderr=open(run_dir / f"wrapper.attempt-{attempt}.err", "wb"),
+            [sys.executable, "-c", ENTRY, str(ctx_file)],
+            cwd=REPO,
+            stdout=subprocess.DEVNULL,
+            stderr=open(run_dir / f"wrapper.attempt-{attempt}.err", "wb"),
         )
 
     def events(self, kind: str | None = None) -> list[dict]:

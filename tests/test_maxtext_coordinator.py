@@ -45,13 +45,28 @@ def test_two_jobs_on_one_first_node_start_their_coordinators_on_different_ports(
         for job_id, ranks in jobs.items():
             for rank in (0, 1):
                 env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
-                env.update(maxtext_command.distributed_env(
-                    "cpu", JobLayout(rank, 2, ("node-a", "node-b")), "127.0.0.1", "127.0.0.1",
-                    maxtext_command.coordinator_port(job_id)))
-                env.update(JAX_PLATFORMS="cpu", PYTHONPATH=str(tmp_path), WORKBENCH_WRAPPER_PID=str(os.getpid()),
-                           WORKBENCH_MAXTEXT_MODULE="probe")
-                p = subprocess.Popen([str(maxtext_command.maxtext_python()), str(maxtext_command.LAUNCHER)],
-                                     env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                env.update(
+                    maxtext_command.distributed_env(
+                        "cpu",
+                        JobLayout(rank, 2, ("node-a", "node-b")),
+                        "127.0.0.1",
+                        "127.0.0.1",
+                        maxtext_command.coordinator_port(job_id),
+                    )
+                )
+                env.update(
+                    JAX_PLATFORMS="cpu",
+                    PYTHONPATH=str(tmp_path),
+                    WORKBENCH_WRAPPER_PID=str(os.getpid()),
+                    WORKBENCH_MAXTEXT_MODULE="probe",
+                )
+                p = subprocess.Popen(
+                    [str(maxtext_command.maxtext_python()), str(maxtext_command.LAUNCHER)],
+                    env=env,
+                    stdin=subprocess.PIPE,
+                    stdout=subprocess.PIPE,
+                    text=True,
+                )
                 procs.append(p)
                 ranks.append(p)
         # Every process of both jobs joined its own job's program (readline waits; the timeout bounds it).
@@ -59,8 +74,11 @@ def test_two_jobs_on_one_first_node_start_their_coordinators_on_different_ports(
             assert [p.stdout.readline().split() for p in ranks] == [["0", "2"], ["1", "2"]], job_id
         ports = {}
         for job_id, (rank0, _) in jobs.items():
-            listening = {c.laddr.port for c in psutil.Process(rank0.pid).net_connections(kind="inet")
-                         if c.status == psutil.CONN_LISTEN and c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1")}
+            listening = {
+                c.laddr.port
+                for c in psutil.Process(rank0.pid).net_connections(kind="inet")
+                if c.status == psutil.CONN_LISTEN and c.laddr.ip in ("127.0.0.1", "::ffff:127.0.0.1")
+            }
             ports[job_id] = listening
         assert ports["4101"] and ports["4102"] and not ports["4101"] & ports["4102"], ports
         assert maxtext_command.MAXTEXT_CPU_PORT not in ports["4101"] | ports["4102"]

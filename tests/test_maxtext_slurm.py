@@ -22,7 +22,7 @@ import pytest
 from workbench.cluster.slurm import backend as slurm
 from workbench.cluster.slurm import client as slurm_client
 from workbench.devcluster import netns
-from workbench.spec.models import SpecError
+from workbench.errors import SpecError
 from workbench.trainers.maxtext import command as maxtext_command
 
 from .conftest import committed_before, local_slurm, slurm_prerequisites, slurm_submitter
@@ -86,10 +86,18 @@ def job_listeners(procs: list[psutil.Process], nodes: list[str]) -> set[tuple[st
     namespace (``ss`` there): psutil matches sockets only against this process's own namespace's tables."""
     pids = {p.pid for p in procs}
     if all(os.path.exists(f"/run/netns/{netns.namespace(n)}") for n in nodes):
-        return {(_ip(host), port) for n in nodes for host, port, proc in netns.listeners(n)
-                if any(f"pid={pid}," in proc for pid in pids)}
-    return {(_ip(c.laddr.ip), c.laddr.port) for p in procs
-            for c in p.net_connections(kind="inet") if c.status == psutil.CONN_LISTEN}
+        return {
+            (_ip(host), port)
+            for n in nodes
+            for host, port, proc in netns.listeners(n)
+            if any(f"pid={pid}," in proc for pid in pids)
+        }
+    return {
+        (_ip(c.laddr.ip), c.laddr.port)
+        for p in procs
+        for c in p.net_connections(kind="inet")
+        if c.status == psutil.CONN_LISTEN
+    }
 
 
 def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, cluster):
@@ -107,7 +115,9 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     assert f"Starting JAX distributed service on {coordinator}" in rank0
     assert "Jax process id is 1" in rank1 and "Num_devices: 2" in rank1
     assert "Rank 1 is connected to 1 peer ranks" in rank1  # gloo
-    rank1_steps = [json.loads(line)["step"] for line in (logs / "metrics.attempt-0.rank-1.jsonl").read_text().splitlines()]
+    rank1_steps = [
+        json.loads(line)["step"] for line in (logs / "metrics.attempt-0.rank-1.jsonl").read_text().splitlines()
+    ]
     assert max(rank1_steps) >= 20
     # Every listener of the job's processes (JAX's coordinator, gloo) on its node's address, none on a wildcard.
     allowed = {slurm_client.node_address(n) for n in start0["nodes"]}
@@ -125,8 +135,9 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     ckpt_dir = maxtext_command.checkpoint_dir(run.run_dir, run.run_dir.name)
     last_durable = max(committed_before(ckpt_dir, start1["t"]))
     assert restored["from_step"] == last_durable + 1 >= 11  # event steps count completed steps
-    run.wait_for(lambda r: any(e["step"] >= restored["from_step"] + 5 for e in of_attempt(r, "step", 1)),
-                 timeout=START_TIMEOUT_S)
+    run.wait_for(
+        lambda r: any(e["step"] >= restored["from_step"] + 5 for e in of_attempt(r, "step", 1)), timeout=START_TIMEOUT_S
+    )
     assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
     first = phase(run, "first_step", 1)
     print(f"\nMaxText 2 processes: node_down -> first step {first['t'] - fault['t']:.1f} s")
@@ -154,8 +165,9 @@ def test_lost_task_ends_the_job_at_once_and_it_resumes_from_its_last_checkpoint(
     ckpt_dir = maxtext_command.checkpoint_dir(run.run_dir, run.run_dir.name)
     last_durable = max(committed_before(ckpt_dir, start1["t"]))
     assert restored["from_step"] == last_durable + 1 >= 11
-    run.wait_for(lambda r: any(e["step"] >= restored["from_step"] + 5 for e in of_attempt(r, "step", 1)),
-                 timeout=START_TIMEOUT_S)
+    run.wait_for(
+        lambda r: any(e["step"] >= restored["from_step"] + 5 for e in of_attempt(r, "step", 1)), timeout=START_TIMEOUT_S
+    )
     assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
     first = phase(run, "first_step", 1)
     print(f"\nMaxText 2 processes: task killed -> first step {first['t'] - killed_at:.1f} s")

@@ -13,7 +13,9 @@ from workbench.analysis import StepColumns, metrics_frame
 from workbench.events.log import EventReader
 
 
-def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_malformed_line(start_run, run_root, tmp_path):
+def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_malformed_line(
+    start_run, run_root, tmp_path
+):
     run = start_run("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "steps": 30, "run_root": str(run_root)})
     assert run.wait(timeout=240)["state"] == "completed"
     copy = tmp_path / "copy"
@@ -34,8 +36,20 @@ def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_ma
 
     with open(files[0], "ab") as f:  # the torn line completed, and a diverged loss (NaN, Python's JSON)
         f.write(b'ep": 31, "loss": 1.0, "committed": true}\n')
-        f.write(json.dumps({"t": 9999999999.5, "kind": "step", "replica": 0, "attempt": 0, "step": 32,
-                            "loss": float("nan"), "committed": False}).encode() + b"\n")
+        f.write(
+            json.dumps(
+                {
+                    "t": 9999999999.5,
+                    "kind": "step",
+                    "replica": 0,
+                    "attempt": 0,
+                    "step": 32,
+                    "loss": float("nan"),
+                    "committed": False,
+                }
+            ).encode()
+            + b"\n"
+        )
     more = columns.frame()
     pd.testing.assert_frame_equal(more, metrics_frame(EventReader(copy).poll()))
     assert more["step"].iloc[-2:].tolist() == [31, 32] and math.isnan(more["loss"].iloc[-1])
@@ -44,8 +58,8 @@ def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_ma
 
 def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp_path):
     """A live run is read a poll at a time; fields that only some polls carry keep the dtype one read gives."""
-    from workbench.run import rundir
     from workbench.events.log import EventWriter
+    from workbench.run import rundir
     from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "inc", load_spec("demo", {"faults": []}).to_dict())
@@ -55,8 +69,16 @@ def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp
     columns.frame()
     for step in range(1, 60):
         for r, w in enumerate(writers):
-            fields = dict(step=step, loss=3.0 - step / 100, committed=step % 13 != 0, participating=True,
-                          participants=3, quorum_id=step // 20, step_time_s=0.01, batch_seed=[0, step, r])
+            fields = dict(
+                step=step,
+                loss=3.0 - step / 100,
+                committed=step % 13 != 0,
+                participating=True,
+                participants=3,
+                quorum_id=step // 20,
+                step_time_s=0.01,
+                batch_seed=[0, step, r],
+            )
             if step % 10 == 0:
                 fields["weights"] = f"{step:016x}"
             if step > 40:
@@ -74,8 +96,8 @@ def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp
 def test_columnar_metrics_keep_list_fields_and_time_order_across_files_written_out_of_order(tmp_path):
     """List fields of varying length (ints, floats, bools, empty) and files whose times interleave,
     equal t across files included: the merged columns equal the dict path's frame, poll after poll."""
-    from workbench.run import rundir
     from workbench.events.log import EventWriter
+    from workbench.run import rundir
     from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "lists", load_spec("demo", {"faults": []}).to_dict())
@@ -83,9 +105,17 @@ def test_columnar_metrics_keep_list_fields_and_time_order_across_files_written_o
     columns = StepColumns(run_dir)
     for step in range(1, 41):
         for r in (2, 0, 1):  # the third file's rows come first in time
-            writers[r].emit("step", step=step, loss=1.0 / step, committed=True, participating=True,
-                            batch_seed=[0, step, r], ids=list(range(step % 4)), scales=[0.5 * step, -0.0],
-                            flags=[step % 2 == 0])
+            writers[r].emit(
+                "step",
+                step=step,
+                loss=1.0 / step,
+                committed=True,
+                participating=True,
+                batch_seed=[0, step, r],
+                ids=list(range(step % 4)),
+                scales=[0.5 * step, -0.0],
+                flags=[step % 2 == 0],
+            )
         if step % 9 == 0:
             got = columns.frame()
             pd.testing.assert_frame_equal(got, metrics_frame(EventReader(run_dir).poll()))
@@ -102,9 +132,9 @@ def test_a_reader_starts_from_the_controllers_index_and_ignores_one_it_cannot_tr
     """``analysis.step_index``: the rows read back equal the dict path's (strings with gaps, a field that
     appears late, lists of any length, a null, a NaN loss), the bytes after the index are parsed, and an
     index that is corrupt or ahead of a file is not used."""
-    from workbench.run import rundir
     from workbench.analysis import step_index
     from workbench.events.log import EventWriter
+    from workbench.run import rundir
     from workbench.spec.load import load_spec
 
     run_dir = rundir.create(tmp_path / "runs", "idx", load_spec("demo", {"faults": []}).to_dict())
@@ -113,8 +143,15 @@ def test_a_reader_starts_from_the_controllers_index_and_ignores_one_it_cannot_tr
     def steps(first: int, last: int) -> None:
         for step in range(first, last):
             for r, w in enumerate(writers):
-                fields = dict(step=step, loss=float("nan") if step == 17 else 1.0 / step, committed=True,
-                              participating=True, batch_seed=[0, step, r], ids=list(range(step % 3)), note=None)
+                fields = dict(
+                    step=step,
+                    loss=float("nan") if step == 17 else 1.0 / step,
+                    committed=True,
+                    participating=True,
+                    batch_seed=[0, step, r],
+                    ids=list(range(step % 3)),
+                    note=None,
+                )
                 if step % 5 == 0:
                     fields["weights"] = f"{step:016x}"
                 if step > 12:

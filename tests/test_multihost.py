@@ -24,9 +24,7 @@ from workbench.devcluster import netns
 from workbench.events.log import EventReader, EventWriter
 from workbench.state.fold import RunState
 
-from .conftest import (
-    REPO, assert_slurmds_listen_on_their_nodes, local_slurm, slurmd_pids, tcp_listeners, workbench_cli,
-)
+from .conftest import REPO, assert_slurmds_listen_on_their_nodes, local_slurm, slurmd_pids, tcp_listeners, workbench_cli
 
 TEST_NET = ipaddress.ip_network("198.18.0.0/15")
 NEEDS_CLUSTER = [
@@ -60,8 +58,13 @@ def test_node_down_takes_every_group_with_a_part_on_that_node(tmp_path):
     """Group 0 spans n1+n2, group 1 is on n2, group 2 on n3: n2 DOWN (aimed at group 1) ends 0 and 1."""
     starts = [
         ("replica-0.attempt-0", 0, 0, "start", {"role": "replica", "task": 0, "node": "n1", "address": "198.18.0.11"}),
-        ("replica-0.attempt-0.task-1", 0, 0, "start", {"role": "task", "task": 1, "node": "n2",
-                                                       "address": "198.18.0.12"}),
+        (
+            "replica-0.attempt-0.task-1",
+            0,
+            0,
+            "start",
+            {"role": "task", "task": 1, "node": "n2", "address": "198.18.0.12"},
+        ),
         ("replica-1.attempt-0", 1, 0, "start", {"role": "replica", "node": "n2", "address": "198.18.0.12"}),
         ("replica-2.attempt-0", 2, 0, "start", {"role": "replica", "node": "n3", "address": "198.18.0.13"}),
     ]
@@ -81,10 +84,13 @@ def test_node_down_takes_every_group_with_a_part_on_that_node(tmp_path):
     w = EventWriter(tmp_path, "undo-1", run="r")
     w.emit("fault", action="resume", resumed="node_down", target="n2", node="n2")
     w.close()
-    _fold(tmp_path, [
-        ("replica-0.attempt-1", 0, 1, "start", {"role": "replica", "task": 0, "node": "n1"}),
-        ("replica-0.attempt-1.task-1", 0, 1, "start", {"role": "task", "task": 1, "node": "n4"}),
-    ])
+    _fold(
+        tmp_path,
+        [
+            ("replica-0.attempt-1", 0, 1, "start", {"role": "replica", "task": 0, "node": "n1"}),
+            ("replica-0.attempt-1.task-1", 0, 1, "start", {"role": "task", "task": 1, "node": "n4"}),
+        ],
+    )
     state = _fold(tmp_path, [])
     assert state.replicas[0].state == "starting" and state.replicas[0].attempt == 1
     assert state.nodes.groups_on("n2", state.attempts()) == [1]
@@ -106,7 +112,9 @@ def test_dashboard_node_view_shows_a_two_node_group_on_both_nodes(tmp_path):
     state.apply(EventReader(tmp_path).poll())
     rows = state.node_rows()
     assert [(r["node"], r["address"], [p["pid"] for p in r["parts"]]) for r in rows] == [
-        ("n1", "198.18.0.11", [11]), ("n2", "198.18.0.12", [12])]
+        ("n1", "198.18.0.11", [11]),
+        ("n2", "198.18.0.12", [12]),
+    ]
 
 
 def test_a_heal_records_the_route_it_took():
@@ -114,8 +122,12 @@ def test_a_heal_records_the_route_it_took():
     from workbench.trainers.loopback import heal_fields
 
     got = heal_fields("http://127.0.0.1:4321/checkpoint/", 2.0, 5_000_000)
-    assert got == {"served_from": "127.0.0.1", "local_address": "127.0.0.1", "interface": "lo",
-                   "bytes_per_s": 2_500_000.0}
+    assert got == {
+        "served_from": "127.0.0.1",
+        "local_address": "127.0.0.1",
+        "interface": "lo",
+        "bytes_per_s": 2_500_000.0,
+    }
 
 
 _TWO_RANKS = """
@@ -182,10 +194,22 @@ def test_a_rank_heals_alone_without_its_group():
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
-           "OMP_NUM_THREADS": "1"}
-    procs = [subprocess.Popen([sys.executable, "-c", _TWO_RANKS, str(r), str(port)], stdout=subprocess.PIPE,
-                              stderr=subprocess.PIPE, text=True, env=env, cwd=REPO) for r in (0, 1)]
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        "OMP_NUM_THREADS": "1",
+    }
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", _TWO_RANKS, str(r), str(port)],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
+        for r in (0, 1)
+    ]
     try:
         outs = [p.communicate(timeout=120) for p in procs]
     finally:
@@ -208,8 +232,7 @@ def test_a_nodes_hosts_file_names_this_host_at_the_node_and_keeps_every_other_na
     from workbench.devcluster.layout import Layout
 
     etc_hosts = tmp_path / "hosts"
-    etc_hosts.write_text("127.0.0.1 localhost\n127.0.0.1 runsc box # here\n::1 localhost ip6-localhost\n"
-                         "10.0.0.5 box\n")
+    etc_hosts.write_text("127.0.0.1 localhost\n127.0.0.1 runsc box # here\n::1 localhost ip6-localhost\n10.0.0.5 box\n")
     layout = Layout(tmp_path / "state")
     layout.etc.mkdir(parents=True)
     paths = write_hosts(layout, {"n1": "198.18.0.11", "n2": "198.18.0.12"}, hostname="box", etc_hosts=etc_hosts)
@@ -218,8 +241,12 @@ def test_a_nodes_hosts_file_names_this_host_at_the_node_and_keeps_every_other_na
         fields = line.split("#", 1)[0].split()
         for name in fields[1:]:
             names.setdefault(name, []).append(fields[0])
-    assert names == {"localhost": ["127.0.0.1", "::1"], "runsc": ["127.0.0.1"], "ip6-localhost": ["::1"],
-                     "box": ["198.18.0.12"]}, paths["n2"].read_text()
+    assert names == {
+        "localhost": ["127.0.0.1", "::1"],
+        "runsc": ["127.0.0.1"],
+        "ip6-localhost": ["::1"],
+        "box": ["198.18.0.12"],
+    }, paths["n2"].read_text()
 
 
 @needs_cluster
@@ -246,10 +273,27 @@ def test_down_removes_what_a_crashed_up_left(tmp_path):
     """What a crashed ``up`` leaves (a namespace, the bridge, a veth, a qdisc) goes with ``cluster down``."""
     subprocess.run(["ip", "netns", "add", netns.namespace("n2")], check=True)
     subprocess.run(["ip", "link", "add", netns.BRIDGE, "type", "bridge"], check=True)
-    subprocess.run(["ip", "link", "add", netns.host_link("n9"), "type", "veth", "peer", "name",
-                    netns.node_link("n9")], check=True)
-    subprocess.run(["tc", "qdisc", "add", "dev", netns.host_link("n9"), "root", "tbf", "rate", "1mbit",
-                    "burst", "32kbit", "latency", "400ms"], check=True)
+    subprocess.run(
+        ["ip", "link", "add", netns.host_link("n9"), "type", "veth", "peer", "name", netns.node_link("n9")], check=True
+    )
+    subprocess.run(
+        [
+            "tc",
+            "qdisc",
+            "add",
+            "dev",
+            netns.host_link("n9"),
+            "root",
+            "tbf",
+            "rate",
+            "1mbit",
+            "burst",
+            "32kbit",
+            "latency",
+            "400ms",
+        ],
+        check=True,
+    )
     try:
         assert netns.namespace("n2") in _ours()["netns"]
         result = workbench_cli("cluster", "down", "--dir", str(tmp_path / "never-up"))
@@ -263,13 +307,20 @@ def test_where_namespaces_cannot_be_made_up_says_so_in_one_line_and_nodes_are_lo
     """An unprivileged process cannot make a namespace: the probe says why, ``up`` would fall back."""
     if os.geteuid() != 0:
         pytest.skip("setpriv to another user needs root")
-    code = ("from workbench.devcluster.lifecycle import _network\n"
-            "import json; lines = []\n"
-            "net = _network(True, lines.append)\n"
-            "print(json.dumps({'net': net, 'lines': lines}))")
-    out = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
-                         capture_output=True, text=True, timeout=60, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    code = (
+        "from workbench.devcluster.lifecycle import _network\n"
+        "import json; lines = []\n"
+        "net = _network(True, lines.append)\n"
+        "print(json.dumps({'net': net, 'lines': lines}))"
+    )
+    out = subprocess.run(
+        ["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups", sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0, out.stderr
     got = json.loads(out.stdout)
     assert got["net"]["mode"] == "logical" and set(got["net"]["nodes"].values()) == {"127.0.0.1"}
@@ -283,13 +334,19 @@ def test_logical_nodes_run_jobs_and_the_head_daemons_listen_on_loopback_only(tmp
     would be every interface of the machine)."""
     with local_slurm(tmp_path / "slurm", namespaces=False) as info:
         assert info["network"]["mode"] == "logical" and set(info["network"]["nodes"].values()) == {"127.0.0.1"}
-        out = subprocess.run(["srun", "-w", "n2", "-A", info["account"], "hostname"], capture_output=True,
-                             text=True, timeout=60, env={**os.environ, "SLURM_CONF": info["slurm_conf"]})
+        out = subprocess.run(
+            ["srun", "-w", "n2", "-A", info["account"], "hostname"],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            env={**os.environ, "SLURM_CONF": info["slurm_conf"]},
+        )
         assert out.returncode == 0, out.stderr
         daemons = {d: info["pids"][d] for d in HEAD_DAEMONS}
         listeners = tcp_listeners([*daemons.values(), *slurmd_pids(info).values()], {})
-        assert {(lst[1], lst[2]) for lst in listeners} == {
-            ("127.0.0.1", port) for port in info["ports"].values()}, listeners
+        assert {(lst[1], lst[2]) for lst in listeners} == {("127.0.0.1", port) for port in info["ports"].values()}, (
+            listeners
+        )
         assert_slurmds_listen_on_their_nodes(listeners, info)
 
 
@@ -324,10 +381,23 @@ def test_up_puts_each_node_in_its_own_namespace(cluster):
     assert ipaddress.ip_address(head) in TEST_NET
     # a job step on n2 is in n2's namespace: it has n2's address and reaches the head
     conf = cluster["slurm_conf"]
-    out = subprocess.run(["srun", "-w", "n2", "-A", cluster["account"], sys.executable, "-c",
-                          "import psutil, socket; s = socket.create_connection(('%s', %d), 5); "
-                          "print(s.getsockname()[0])" % (head, cluster["ports"]["slurmctld"])],
-                         capture_output=True, text=True, timeout=60, env={**os.environ, "SLURM_CONF": conf})
+    out = subprocess.run(
+        [
+            "srun",
+            "-w",
+            "n2",
+            "-A",
+            cluster["account"],
+            sys.executable,
+            "-c",
+            "import psutil, socket; s = socket.create_connection(('%s', %d), 5); "
+            "print(s.getsockname()[0])" % (head, cluster["ports"]["slurmctld"]),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "SLURM_CONF": conf},
+    )
     assert out.stdout.strip() == nodes["n2"]["address"], out.stderr
 
 
@@ -344,8 +414,19 @@ def test_node_address_is_slurms_nodeaddr(cluster, monkeypatch):
 # -- titan over two nodes per group ----------------------------------------------
 def _participating(run, replica: int, attempt: int, n: int = 1):
     def check(r) -> bool:
-        return sum(1 for e in r.events_read if e["kind"] == "step" and e.get("replica") == replica
-                   and e.get("attempt") == attempt and e.get("committed") and e.get("participating")) >= n
+        return (
+            sum(
+                1
+                for e in r.events_read
+                if e["kind"] == "step"
+                and e.get("replica") == replica
+                and e.get("attempt") == attempt
+                and e.get("committed")
+                and e.get("participating")
+            )
+            >= n
+        )
+
     return check
 
 
@@ -353,15 +434,24 @@ HEAD_DAEMONS = ("slurmctld", "slurmdbd", "mariadbd", "munged")
 
 
 def _ready(run, replica: int) -> bool:
-    return any(e["kind"] == "phase" and e.get("phase") == "manager_ready" and e.get("replica") == replica
-               for e in run.events_read)
+    return any(
+        e["kind"] == "phase" and e.get("phase") == "manager_ready" and e.get("replica") == replica
+        for e in run.events_read
+    )
 
 
 def _two_node_titan(start_run):
-    return start_run("titan-cpu", {
-        "cluster": "slurm", "steps": 100000, "faults": [], "slurm.nodes": 2, "slurm.cpus_per_task": 4,
-        "titan.overrides": {"training.seq_len": 64},
-    })
+    return start_run(
+        "titan-cpu",
+        {
+            "cluster": "slurm",
+            "steps": 100000,
+            "faults": [],
+            "slurm.nodes": 2,
+            "slurm.cpus_per_task": 4,
+            "titan.overrides": {"training.seq_len": 64},
+        },
+    )
 
 
 @needs_cluster
@@ -435,7 +525,19 @@ def test_titan_group_over_two_nodes_killed_heals_across_the_bridge(cluster, star
     assert heal["interface"] == netns.node_link(run.run_state.nodes.placement(0, 1)[0].node), heal
     sent = after[source]["sent"] - before[source]["sent"]
     assert heal["bytes"] > 1_000_000 and sent >= heal["bytes"], (heal["bytes"], sent)
-    rejoin = min(e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == 0
-                 and e.get("attempt") == 1 and e.get("committed") and e.get("participating")) - fault["t"]
-    print(f"\n2-node titan group: kill -> participating {rejoin:.1f} s; heal {heal['bytes'] / 1e6:.1f} MB "
-          f"from {heal['served_from']} via {heal['interface']}; {source}'s link sent {sent / 1e6:.1f} MB meanwhile")
+    rejoin = (
+        min(
+            e["t"]
+            for e in run.events_read
+            if e["kind"] == "step"
+            and e.get("replica") == 0
+            and e.get("attempt") == 1
+            and e.get("committed")
+            and e.get("participating")
+        )
+        - fault["t"]
+    )
+    print(
+        f"\n2-node titan group: kill -> participating {rejoin:.1f} s; heal {heal['bytes'] / 1e6:.1f} MB "
+        f"from {heal['served_from']} via {heal['interface']}; {source}'s link sent {sent / 1e6:.1f} MB meanwhile"
+    )

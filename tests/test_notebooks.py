@@ -60,7 +60,9 @@ def execute(name: str, run_root: Path, timeout: int = 600):
     """Run the notebook; return it and the state each of its runs was in when it finished (before
     this function stops whatever it left running)."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
-    client = SlicedPollClient(nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}})
+    client = SlicedPollClient(
+        nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
+    )
     states = {}
     try:
         client.execute()
@@ -92,8 +94,16 @@ def kill_and_rejoin(events: list[dict], victim: int, survivors: tuple[int, ...])
     assert (fault["action"], fault["target"], fault["origin"]) == ("kill", victim, "api"), fault
     heal = next(e for e in events if e["kind"] == "heal" and e["replica"] == victim and e["attempt"] == 1)
     assert heal["t"] > fault["t"] and heal["bytes"] > 0
-    back = [e["t"] for e in events if e["kind"] == "step" and e["replica"] == victim and e["attempt"] == 1
-            and e.get("committed") and e.get("participating") and e["t"] >= heal["t"]]
+    back = [
+        e["t"]
+        for e in events
+        if e["kind"] == "step"
+        and e["replica"] == victim
+        and e["attempt"] == 1
+        and e.get("committed")
+        and e.get("participating")
+        and e["t"] >= heal["t"]
+    ]
     assert len(back) > 5
     for r in survivors:
         attempts = [e["attempt"] for e in events if e["kind"] == "start" and e.get("replica") == r]
@@ -135,8 +145,10 @@ def test_teaching_notebook_runs_headless(run_root):
 
 @pytest.mark.slow
 @pytest.mark.maxtext
-@pytest.mark.skipif(not (NOTEBOOKS.parent / ".venv-maxtext" / "bin" / "python").exists(),
-                    reason=".venv-maxtext missing: run scripts/setup-maxtext.sh (make test does)")
+@pytest.mark.skipif(
+    not (NOTEBOOKS.parent / ".venv-maxtext" / "bin" / "python").exists(),
+    reason=".venv-maxtext missing: run scripts/setup-maxtext.sh (make test does)",
+)
 def test_maxtext_restart_notebook_runs_headless(run_root, monkeypatch):
     monkeypatch.setenv("WORKBENCH_JAX_CACHE", str(run_root.parent / "jax-cache"))
     _, states = execute("03_maxtext_restart.ipynb", run_root, timeout=1200)
@@ -179,8 +191,12 @@ def test_what_if_at_scale_notebook_runs_headless(run_root):
     assert shown["crossing"] is not None  # at the default sliders checkpoint-restart and elastic cross
     for cx, _ in zip(*shown["crossing"]):
         k = next(i for i in range(len(xs) - 1) if xs[i] <= cx <= xs[i + 1])
-        flips = [(a, b) for a in lines for b in lines if a < b
-                 and (lines[a][1][k] - lines[b][1][k]) * (lines[a][1][k + 1] - lines[b][1][k + 1]) < 0]
+        flips = [
+            (a, b)
+            for a in lines
+            for b in lines
+            if a < b and (lines[a][1][k] - lines[b][1][k]) * (lines[a][1][k + 1] - lines[b][1][k + 1]) < 0
+        ]
         assert flips, (cx, k)
 
 
@@ -201,14 +217,28 @@ def test_fault_matrix_notebook_runs_headless(run_root, tmp_path):
     for t in mx.trials().itertuples():
         ev = attach(t.run_dir).event_records()
         (fault,) = [e for e in ev if e["kind"] == "fault"]
-        back = any(e["kind"] == "step" and e["replica"] == fault["target"] and e["attempt"] >= 1
-                   and e.get("committed") and e["t"] > fault["t"] for e in ev)
+        back = any(
+            e["kind"] == "step"
+            and e["replica"] == fault["target"]
+            and e["attempt"] >= 1
+            and e.get("committed")
+            and e["t"] > fault["t"]
+            for e in ev
+        )
         by_cell.setdefault((t.fault, t.trainer), []).append(back)
-    (heatmap,) = [o for c in nb.cells if c.cell_type == "code" and 'heatmap_figure(table, "rate")' in c.source
-                  for o in c.outputs if "application/vnd.plotly.v1+json" in o.get("data", {})]
+    (heatmap,) = [
+        o
+        for c in nb.cells
+        if c.cell_type == "code" and 'heatmap_figure(table, "rate")' in c.source
+        for o in c.outputs
+        if "application/vnd.plotly.v1+json" in o.get("data", {})
+    ]
     trace = heatmap["data"]["application/vnd.plotly.v1+json"]["data"][0]
-    shown = {(f, col.split(" / ")[0]): (z, text) for f, zs, texts in zip(trace["y"], trace["z"], trace["text"])
-             for col, z, text in zip(trace["x"], zs, texts)}
+    shown = {
+        (f, col.split(" / ")[0]): (z, text)
+        for f, zs, texts in zip(trace["y"], trace["z"], trace["text"])
+        for col, z, text in zip(trace["x"], zs, texts)
+    }
     for cell, backs in by_cell.items():
         assert shown[cell][0] == pytest.approx(sum(backs) / len(backs)), (cell, shown[cell])
     assert shown[("kill_during_checkpoint", "torchft-lite")] == (None, "no checkpoint_writer in torchft-lite")
@@ -236,11 +266,21 @@ def test_network_faults_notebook_runs_headless(run_root, tmp_path, monkeypatch):
     assert 9.5 <= back["t"] - cut["t"] < 14
     steps = [e for e in events if e["kind"] == "step" and e.get("committed")]
     # The survivor trained alone through the cut; the cut-off group committed nothing (bar its step in flight).
-    during = ([(round(e["t"] - cut["t"], 2), e["kind"], e.get("replica"), e.get("action") or e.get("participants"))
-               for e in events if e["kind"] != "step" and cut["t"] - 1 < e["t"] < back["t"]][:30],
-              collections.Counter((e["replica"], e.get("committed"), e.get("participants")) for e in events
-                                  if e["kind"] == "step" and cut["t"] < e["t"] < back["t"]))
-    assert any(e["replica"] == 0 and e.get("participants") == 1 and cut["t"] < e["t"] < back["t"] for e in steps), during
+    during = (
+        [
+            (round(e["t"] - cut["t"], 2), e["kind"], e.get("replica"), e.get("action") or e.get("participants"))
+            for e in events
+            if e["kind"] != "step" and cut["t"] - 1 < e["t"] < back["t"]
+        ][:30],
+        collections.Counter(
+            (e["replica"], e.get("committed"), e.get("participants"))
+            for e in events
+            if e["kind"] == "step" and cut["t"] < e["t"] < back["t"]
+        ),
+    )
+    assert any(e["replica"] == 0 and e.get("participants") == 1 and cut["t"] < e["t"] < back["t"] for e in steps), (
+        during
+    )
     assert not [e for e in steps if e["replica"] == 1 and cut["t"] + 1.0 < e["t"] < back["t"]]
     # Participants' checksums agree at every committed step; none committed twice.
     by_step = {}
@@ -275,7 +315,8 @@ def test_algorithms_under_faults_notebook_runs_headless(run_root, monkeypatch):
         (fault,) = [e for e in events if e["kind"] == "fault"]
         assert (fault["action"], fault["target"]) == ("kill", 1)
         assert [f.model_dump(exclude_none=True) for f in spec.faults] == [
-            {"action": "kill", "target": 1, "at_step": 200, "seconds": 5.0}]
+            {"action": "kill", "target": 1, "at_step": 200, "seconds": 5.0}
+        ]
         heal = next(e for e in events if e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1)
         assert heal["t"] > fault["t"] and heal["bytes"] > 0
         syncs = [e for e in events if e["kind"] == "sync"]
@@ -283,8 +324,11 @@ def test_algorithms_under_faults_notebook_runs_headless(run_root, monkeypatch):
             assert not syncs
         else:
             assert {e["algorithm"] for e in syncs} == {spec.ft.algorithm}
-            assert any(e["committed"] and e["participants"] == 2 and e["bytes"] > 0 and e["t"] > heal["t"]
-                       for e in syncs if e["replica"] == 1)
+            assert any(
+                e["committed"] and e["participants"] == 2 and e["bytes"] > 0 and e["t"] > heal["t"]
+                for e in syncs
+                if e["replica"] == 1
+            )
     assert set(algorithms) == {("ddp", 10)} | {(a, 4) for a in ("localsgd", "diloco", "streaming_diloco")}
     shown = displayed(nb, 'json.loads(table.drop(columns="run_dir")')
     assert [r["algorithm"] for r in shown][0] == "ddp" and shown[0]["bytes_per_step_vs_ddp"] == 1.0

@@ -7,8 +7,17 @@ import math
 import numpy as np
 import pytest
 
-from workbench.projection import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection, daly_period, young_period
-from workbench.projection import sources
+from workbench.projection import (
+    CheckpointRestart,
+    DiLoCo,
+    Elastic,
+    Failures,
+    Job,
+    Projection,
+    daly_period,
+    sources,
+    young_period,
+)
 from workbench.projection.calibrate import calibrate, reproduce
 from workbench.projection.figures import crossings, scale_figure, vs_scale
 
@@ -24,12 +33,16 @@ def test_checkpoint_restart_on_a_trace_matches_the_hand_timeline():
     [0, 110): two full cycles (80 s useful, 20 s written), 10 s lost. [110, 500): 30 s down, 360 s up =
     7 cycles (280 useful, 70 written) + 10 s lost. [500, 1000): 30 down, 470 up = 9 cycles (360, 90)
     + 20 s useful at the window's end. Useful 720 + 20 = 740 of 1000."""
-    p = Projection(job=trace_job(), failures=Failures(trace=[(110.0, 0), (500.0, 2)]),
-                   restart=CheckpointRestart(period_s=40.0, write_s=10.0, restore_s=0.0, detect_s=0.0, restart_s=30.0))
+    p = Projection(
+        job=trace_job(),
+        failures=Failures(trace=[(110.0, 0), (500.0, 2)]),
+        restart=CheckpointRestart(period_s=40.0, write_s=10.0, restore_s=0.0, detect_s=0.0, restart_s=30.0),
+    )
     r = p.run(strategies=("checkpoint-restart",))["checkpoint-restart"]
     assert r["goodput"] == pytest.approx(0.74, abs=1e-12)
-    assert r["badput"] == pytest.approx({"checkpoint": 0.18, "recompute": 0.02, "restart": 0.06, "restore": 0.0},
-                                        abs=1e-12)
+    assert r["badput"] == pytest.approx(
+        {"checkpoint": 0.18, "recompute": 0.02, "restart": 0.06, "restore": 0.0}, abs=1e-12
+    )
     assert r["steps_per_s"] == pytest.approx(0.74, abs=1e-12)  # 1-s steps
 
 
@@ -53,11 +66,13 @@ def test_a_spare_shortens_the_first_replacement_and_a_quorum_loss_stops_everyone
     returns at 100 + 600 s, so group 1's failure at 110 s waits the full 600 s: out [110, 730).
     Overlap [110, 125): one live group, below the quorum: no one trains. Live group-seconds:
     3 × 1000 − 25 − 620 (group 1 out) − 15 (the lone survivor idles) = 2340."""
-    el = Elastic(overhead=0.0, stall_s=0.0, replacement_s=600.0, spares=1, spare_s=5.0, restart_s=20.0, heal_s=0.0,
-                 min_groups=2)
+    el = Elastic(
+        overhead=0.0, stall_s=0.0, replacement_s=600.0, spares=1, spare_s=5.0, restart_s=20.0, heal_s=0.0, min_groups=2
+    )
     job = Job(gpus=3, groups=3, step_s=1.0, horizon_s=1000.0)
-    r = Projection(job=job, failures=Failures(trace=[(100.0, 0), (110.0, 1)]), elastic=el).run(
-        strategies=("elastic",))["elastic"]
+    r = Projection(job=job, failures=Failures(trace=[(100.0, 0), (110.0, 1)]), elastic=el).run(strategies=("elastic",))[
+        "elastic"
+    ]
     assert r["goodput"] == pytest.approx(2340 / 3000, abs=1e-12)
     assert r["badput"]["no_quorum"] == pytest.approx(15 / 3000, abs=1e-12)
 
@@ -88,23 +103,33 @@ def test_young_and_daly_periods_and_the_optimum_they_promise():
     # Young: √(2 · 60 · 36000) = √4320000 ≈ 2078.46; Daly adds (1 + ⅓√(60/72000) + 60/648000) and − 60.
     assert young_period(60.0, 36000.0) == pytest.approx(math.sqrt(4_320_000), rel=1e-12)
     assert daly_period(60.0, 36000.0) == pytest.approx(
-        math.sqrt(4_320_000) * (1 + math.sqrt(60 / 72000) / 3 + 60 / 648000) - 60, rel=1e-12)
+        math.sqrt(4_320_000) * (1 + math.sqrt(60 / 72000) / 3 + 60 / 648000) - 60, rel=1e-12
+    )
     assert daly_period(100.0, 40.0) == 40.0  # C ≥ 2M: the MTBF itself
     # The simulated goodput at Daly's period beats half and twice that period (same failure draws).
-    base = Projection(job=Job(gpus=1000, horizon_s=200 * 36000.0, params=1.0),
-                      failures=Failures(device_mtbf_h=1000 * 10.0),
-                      restart=CheckpointRestart(write_s=60.0, restore_s=0.0, detect_s=0.0, restart_s=300.0))
+    base = Projection(
+        job=Job(gpus=1000, horizon_s=200 * 36000.0, params=1.0),
+        failures=Failures(device_mtbf_h=1000 * 10.0),
+        restart=CheckpointRestart(write_s=60.0, restore_s=0.0, detect_s=0.0, restart_s=300.0),
+    )
     tau = daly_period(60.0, 36000.0)
-    good = {f: base.replace(period_s=f * tau).run(replicates=8, seed=1, strategies=("checkpoint-restart",))
-            ["checkpoint-restart"]["goodput"] for f in (0.5, 1.0, 2.0)}
+    good = {
+        f: base.replace(period_s=f * tau).run(replicates=8, seed=1, strategies=("checkpoint-restart",))[
+            "checkpoint-restart"
+        ]["goodput"]
+        for f in (0.5, 1.0, 2.0)
+    }
     assert good[1.0] > good[0.5] and good[1.0] > good[2.0], good
 
 
 def test_the_monte_carlo_agrees_with_first_order_theory_where_it_holds():
     """M = 100 h ≫ τ, D: goodput → 1 − C/(τ+C) − (τ/2 + D)/M. With C = 30 s, τ = 1800 s, D = 600 s:
     1 − 30/1830 − 1500/360000 ≈ 0.97944; the model's estimate within 3 standard errors and 0.2 points."""
-    p = Projection(job=Job(gpus=100, horizon_s=400 * 360000.0, params=1.0), failures=Failures(device_mtbf_h=100 * 100.0),
-                   restart=CheckpointRestart(period_s=1800.0, write_s=30.0, restore_s=0.0, detect_s=0.0, restart_s=600.0))
+    p = Projection(
+        job=Job(gpus=100, horizon_s=400 * 360000.0, params=1.0),
+        failures=Failures(device_mtbf_h=100 * 100.0),
+        restart=CheckpointRestart(period_s=1800.0, write_s=30.0, restore_s=0.0, detect_s=0.0, restart_s=600.0),
+    )
     r = p.run(replicates=16, seed=2, strategies=("checkpoint-restart",))["checkpoint-restart"]
     expect = 1 - 30 / 1830 - 1500 / 360000
     assert abs(r["goodput"] - expect) < max(3 * r["stderr"], 1e-4) and abs(r["goodput"] - expect) < 0.002
@@ -121,22 +146,32 @@ def test_crossings_are_where_the_curves_change_order():
     """Elastic pays a fixed per-step overhead, checkpoint-restart a per-failure cost: at few accelerators
     checkpoint-restart is ahead, at many elastic is; the marked crossing lies between the two sampled
     sizes where the order flips, at the interpolated goodput of both."""
-    curves = vs_scale(Projection().replace(params=70e9), [512, 2048, 8192, 32768],
-                      device_mtbf_h=sources.meta_device_mtbf_h, replicates=8)
+    curves = vs_scale(
+        Projection().replace(params=70e9),
+        [512, 2048, 8192, 32768],
+        device_mtbf_h=sources.meta_device_mtbf_h,
+        replicates=8,
+    )
     wide = curves.pivot(index="gpus", columns="strategy", values="goodput")
     assert wide.loc[512, "checkpoint-restart"] > wide.loc[512, "elastic"]
     assert wide.loc[32768, "checkpoint-restart"] < wide.loc[32768, "elastic"]
     x = crossings(curves)
     cr_el = x[(x["a"] == "checkpoint-restart") & (x["b"] == "elastic")]
     assert len(cr_el) == 1
-    flip = [g for g, h in zip(wide.index[:-1], wide.index[1:])
-            if (wide.loc[g, "checkpoint-restart"] - wide.loc[g, "elastic"]) * (wide.loc[h, "checkpoint-restart"] - wide.loc[h, "elastic"]) < 0]
+    flip = [
+        g
+        for g, h in zip(wide.index[:-1], wide.index[1:])
+        if (wide.loc[g, "checkpoint-restart"] - wide.loc[g, "elastic"])
+        * (wide.loc[h, "checkpoint-restart"] - wide.loc[h, "elastic"])
+        < 0
+    ]
     assert len(flip) == 1 and flip[0] < cr_el["gpus"].iloc[0] < 4 * flip[0]
     fig = scale_figure(curves, measured={"gpus": 3, "goodput": 0.8, "label": "here"})
     assert {t.name for t in fig.data} >= {"crossing", "measured here"}
 
 
 # --- published anchors ----------------------------------------------------------------------------
+
 
 def test_clockwork_64_h200_ordering_checkpoint_restart_finishes_first():
     """818 min (checkpoint-restart) < 930 min (torchft) for 3,000 steps: the per-step overhead costs
@@ -145,18 +180,24 @@ def test_clockwork_64_h200_ordering_checkpoint_restart_finishes_first():
     assert t["checkpoint-restart"] < t["elastic"]
 
 
-@pytest.mark.xfail(strict=True, reason="missing input: the benchmark's restart + restore time per failure is not "
-                                       "published; Clockwork's 15-min assumption predicts ~635 min for "
-                                       "checkpoint-restart, where 818 min implies ~24 min per failure")
+@pytest.mark.xfail(
+    strict=True,
+    reason="missing input: the benchmark's restart + restore time per failure is not "
+    "published; Clockwork's 15-min assumption predicts ~635 min for "
+    "checkpoint-restart, where 818 min implies ~24 min per failure",
+)
 def test_clockwork_64_h200_ratio_within_15_percent():
     t = sources.clockwork_projection().time_to_steps(sources.CLOCKWORK_STEPS)
     published = sources.CLOCKWORK_MINUTES["elastic"] / sources.CLOCKWORK_MINUTES["checkpoint-restart"]
     assert abs(t["elastic"] / t["checkpoint-restart"] / published - 1) <= 0.15
 
 
-@pytest.mark.xfail(strict=True, reason="missing input: Llama 3's restart time is not published; with Clockwork's "
-                                       "15-min assumption and TorchTitan's 100-s detection the model gives ~89 %, "
-                                       "just under the published > 90 % (it needs a restart under ~13 min)")
+@pytest.mark.xfail(
+    strict=True,
+    reason="missing input: Llama 3's restart time is not published; with Clockwork's "
+    "15-min assumption and TorchTitan's 100-s detection the model gives ~89 %, "
+    "just under the published > 90 % (it needs a restart under ~13 min)",
+)
 def test_llama3_effective_training_time_above_90_percent():
     r = sources.llama3_projection().run(replicates=16, strategies=("checkpoint-restart",))["checkpoint-restart"]
     assert r["goodput"] > sources.LLAMA3_EFFECTIVE_MIN
@@ -191,8 +232,10 @@ def _by_hand(events):
     t0 = min(e["t"] for e in events if e["kind"] == "step" and e.get("committed"))
     kills = sorted((e for e in events if e["kind"] == "fault" and e["action"] == "kill"), key=lambda e: e["t"])
     starts = [e for e in events if e["kind"] == "start" and e.get("role") == "replica"]
-    repl = [min((s["t"] for s in starts if s["replica"] == f["target"] and s["t"] > f["t"]), default=np.nan) - f["t"]
-            for f in kills]
+    repl = [
+        min((s["t"] for s in starts if s["replica"] == f["target"] and s["t"] > f["t"]), default=np.nan) - f["t"]
+        for f in kills
+    ]
     return [(f["t"] - t0, f["target"]) for f in kills], repl
 
 
@@ -207,8 +250,10 @@ def test_projecting_this_machines_runs_reproduces_their_goodput(start_run):
         run = start_run("demo", {"steps": 400, **QUIET_STEPS, "faults": _faults(schedule)})
         assert run.wait(timeout=240)["state"] == "completed"
         results[name] = run
-    restart = start_run("demo", {"trainer": "ddp-restart", "steps": 400, **QUIET_STEPS,
-                                 "checkpoint.every_steps": 80, "faults": RESTART_FAULTS})
+    restart = start_run(
+        "demo",
+        {"trainer": "ddp-restart", "steps": 400, **QUIET_STEPS, "checkpoint.every_steps": 80, "faults": RESTART_FAULTS},
+    )
     assert restart.wait(timeout=300)["state"] == "completed"
     results["ddp-restart"] = restart
 
@@ -218,7 +263,8 @@ def test_projecting_this_machines_runs_reproduces_their_goodput(start_run):
         cal = calibrate(run)
         trace, repl = _by_hand(events)
         assert len(cal["trace"]) == len(trace) and all(
-            a == pytest.approx(b, abs=1e-9) for pa, pb in zip(cal["trace"], trace) for a, b in zip(pa, pb))
+            a == pytest.approx(b, abs=1e-9) for pa, pb in zip(cal["trace"], trace) for a, b in zip(pa, pb)
+        )
         if cal["elastic"]:
             assert cal["replacement_s"] == pytest.approx(float(np.median(repl)), abs=1e-9)
         else:
@@ -240,7 +286,10 @@ def test_projecting_this_machines_runs_reproduces_their_goodput(start_run):
     assert shown["reproduced"]["predicted"] == pytest.approx(table["4 faults"][0], abs=1e-12)
     assert shown["inputs"]["job"]["gpus"] == 4096 and set(shown["projection"]) >= {"elastic", "diloco"}
     bad = workbench_cli("project", str(results["4 faults"].run_dir), "--gpus", "0")
-    assert bad.returncode == 2 and bad.stderr.strip() == "workbench project: --gpus: must be > 0 (>= 0 for --overhead, --spares)"
+    assert (
+        bad.returncode == 2
+        and bad.stderr.strip() == "workbench project: --gpus: must be > 0 (>= 0 for --overhead, --spares)"
+    )
 
 
 def test_calibration_reads_a_hand_built_log(tmp_path):

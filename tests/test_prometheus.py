@@ -82,8 +82,13 @@ def test_prometheus_scrapes_a_live_run(start_run, tmp_path):
     if prometheus is None:
         pytest.skip("Debian's prometheus is not installed (make prometheus-pkg)")
     run = start_run("demo", ["steps=100000", "faults=[]", "replicas=2", "min_replicas=1"])
-    with _started([sys.executable, "-m", "workbench.apps.cli", "serve-metrics", str(run.run_dir), "--port", "0"],
-                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=REPO) as exporter:
+    with _started(
+        [sys.executable, "-m", "workbench.apps.cli", "serve-metrics", str(run.run_dir), "--port", "0"],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=REPO,
+    ) as exporter:
         line = exporter.stdout.readline()
         assert "/metrics" in line, line
         exporter_port = int(line.rsplit(":", 1)[1].split("/")[0])
@@ -98,26 +103,49 @@ def test_prometheus_scrapes_a_live_run(start_run, tmp_path):
             "    static_configs:\n"
             f"      - targets: ['127.0.0.1:{exporter_port}']\n"
         )
-        with open(tmp_path / "prometheus.log", "wb") as log, _started(
-            [prometheus, f"--config.file={tmp_path / 'prometheus.yml'}", f"--storage.tsdb.path={tmp_path / 'tsdb'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}"], stdout=log, stderr=subprocess.STDOUT,
-        ) as prom:
+        with (
+            open(tmp_path / "prometheus.log", "wb") as log,
+            _started(
+                [
+                    prometheus,
+                    f"--config.file={tmp_path / 'prometheus.yml'}",
+                    f"--storage.tsdb.path={tmp_path / 'tsdb'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+            ) as prom,
+        ):
             _wait("the exporter's target up", lambda: _scalar(prom_port, 'up{job="workbench"}') == 1.0, 60)
-            first = _wait("a committed step in Prometheus",
-                          lambda: _scalar(prom_port, f'workbench_committed_step{{run="{run.id}"}}'), 180)
+            first = _wait(
+                "a committed step in Prometheus",
+                lambda: _scalar(prom_port, f'workbench_committed_step{{run="{run.id}"}}'),
+                180,
+            )
             assert _scalar(prom_port, f'workbench_faults_total{{run="{run.id}"}}') == 0.0
             # The counter grows while the run trains, as Prometheus stored it.
-            _wait("the step counter growing",
-                  lambda: (_scalar(prom_port, f'workbench_committed_step{{run="{run.id}"}}') or 0) >= first + 20, 60)
+            _wait(
+                "the step counter growing",
+                lambda: (_scalar(prom_port, f'workbench_committed_step{{run="{run.id}"}}') or 0) >= first + 20,
+                60,
+            )
 
             run.kill(replica=1)
-            _wait("the kill counted", lambda: _scalar(prom_port, f'workbench_faults_total{{run="{run.id}"}}') == 1.0, 30)
+            _wait(
+                "the kill counted", lambda: _scalar(prom_port, f'workbench_faults_total{{run="{run.id}"}}') == 1.0, 30
+            )
             assert _scalar(prom_port, f'workbench_replica_faults_total{{run="{run.id}",replica="1"}}') == 1.0
             assert _scalar(prom_port, f'workbench_replica_faults_total{{run="{run.id}",replica="0"}}') == 0.0
-            _wait("the relaunch counted",
-                  lambda: _scalar(prom_port, f'workbench_replica_restarts_total{{run="{run.id}",replica="1"}}') == 1.0, 60)
+            _wait(
+                "the relaunch counted",
+                lambda: _scalar(prom_port, f'workbench_replica_restarts_total{{run="{run.id}",replica="1"}}') == 1.0,
+                60,
+            )
             # The survivor kept training through it: participating, its loss and step time there.
-            assert _scalar(prom_port, f'workbench_replica_state{{run="{run.id}",replica="0",state="participating"}}') == 1.0
+            assert (
+                _scalar(prom_port, f'workbench_replica_state{{run="{run.id}",replica="0",state="participating"}}')
+                == 1.0
+            )
             assert _scalar(prom_port, f'workbench_replica_step_time_seconds{{run="{run.id}",replica="0"}}') > 0
             assert _scalar(prom_port, f'workbench_replica_loss{{run="{run.id}",replica="0"}}') > 0
             goodput = _wait("goodput", lambda: _scalar(prom_port, f'workbench_goodput_ratio{{run="{run.id}"}}'), 30)
@@ -132,8 +160,10 @@ def test_prometheus_scrapes_a_live_run(start_run, tmp_path):
             values = [float(v) for _, v in samples]
             gaps = [b - a for a, b in zip(ts, ts[1:])]
             interval = statistics.median(gaps)
-            print(f"\nscrape interval achieved: median {interval:.3f} s, max {max(gaps):.3f} s over {len(gaps)} "
-                  f"scrapes (configured {SCRAPE_S} s)")
+            print(
+                f"\nscrape interval achieved: median {interval:.3f} s, max {max(gaps):.3f} s over {len(gaps)} "
+                f"scrapes (configured {SCRAPE_S} s)"
+            )
             assert abs(interval - SCRAPE_S) < 0.05 * SCRAPE_S
             assert values == sorted(values) and values[-1] > values[0]
         assert prom.returncode is not None

@@ -30,8 +30,9 @@ class HandLog:
         self.controller = EventWriter(run_dir, "controller", run="r", role="controller")
 
     def _writer(self, replica, attempt):
-        return EventWriter(self.run_dir, f"replica-{replica}.attempt-{attempt}", run="r", replica=replica,
-                           attempt=attempt)
+        return EventWriter(
+            self.run_dir, f"replica-{replica}.attempt-{attempt}", run="r", replica=replica, attempt=attempt
+        )
 
     def emit(self, replica, kind, t, **fields):
         self.writers[replica].emit(kind, t=BASE + t, **fields)
@@ -66,8 +67,16 @@ class HandLog:
                 self.emit(r, "commit", t, step=self.step, commit_result=not vote_down)
             self.step += 0 if vote_down else 1
             for r in groups:
-                self.emit(r, "step", t, step=self.step, loss=1.0, committed=not vote_down,
-                          participating=r not in healing, participants=participants)
+                self.emit(
+                    r,
+                    "step",
+                    t,
+                    step=self.step,
+                    loss=1.0,
+                    committed=not vote_down,
+                    participating=r not in healing,
+                    participants=participants,
+                )
 
 
 def hand_log(run_dir) -> list[dict]:
@@ -161,8 +170,10 @@ def test_the_timeline_figure_keeps_a_readable_plot_area_for_any_number_of_faults
     from workbench.analysis import MILESTONES, timeline_figure
 
     for n in (1, 3, 40):
-        rows = [{"t": 100.0 + i, "action": "kill", "target": 1, **{m: 1.0 + k for k, m in enumerate(MILESTONES)}}
-                for i in range(n)]
+        rows = [
+            {"t": 100.0 + i, "action": "kill", "target": 1, **{m: 1.0 + k for k, m in enumerate(MILESTONES)}}
+            for i in range(n)
+        ]
         layout = timeline_figure(pd.DataFrame(rows)).layout
         plot_px = layout.height - layout.margin.t - layout.margin.b
         assert plot_px >= max(160, 36 * n), (n, plot_px)

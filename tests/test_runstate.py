@@ -11,10 +11,10 @@ import pytest
 
 import workbench as wb
 from workbench.cluster import procs
-from workbench.run import rundir
 from workbench.events.log import EventReader, EventWriter
-from workbench.state.fold import RunState
+from workbench.run import rundir
 from workbench.spec.load import load_spec
+from workbench.state.fold import RunState
 
 
 @pytest.fixture
@@ -104,7 +104,8 @@ def test_a_pid_recorded_without_start_time_is_not_signalled(tmp_path, sleeper):
     run_dir = make_run(tmp_path)
     stranger = sleeper()
     EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0).emit(
-        "start", pid=stranger.pid, pid_start=None)
+        "start", pid=stranger.pid, pid_start=None
+    )
     with pytest.raises(wb.FaultError, match="without its start time"):
         wb.attach(run_dir).kill(replica=1)
     assert stranger.poll() is None
@@ -114,9 +115,11 @@ def test_stop_without_a_controller_kills_the_runs_processes_and_spares_strangers
     run_dir = make_run(tmp_path)
     ours, stranger = sleeper(), sleeper()
     EventWriter(run_dir, "replica-0.attempt-0", run="r1", replica=0, attempt=0).emit(
-        "start", **procs.identity(ours.pid))
+        "start", **procs.identity(ours.pid)
+    )
     EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0).emit(
-        "start", pid=stranger.pid, pid_start=procs.start_time(stranger.pid) + 100.0)
+        "start", pid=stranger.pid, pid_start=procs.start_time(stranger.pid) + 100.0
+    )
     status = wb.attach(run_dir).stop(timeout=5)
     assert status["state"] == "stopped"
     assert ours.wait(timeout=10) == -9
@@ -133,7 +136,8 @@ def test_a_run_recorded_with_wall_clock_start_times_is_still_stopped(tmp_path, s
     ours, moved, stranger = sleeper(), sleeper(), sleeper()
     for replica, proc, off in ((0, ours, 0.0), (1, moved, -1.0), (2, stranger, 60.0)):
         EventWriter(run_dir, f"replica-{replica}.attempt-0", run="r1", replica=replica, attempt=0).emit(
-            "start", pid=proc.pid, pid_start=round(psutil.Process(proc.pid).create_time() + off, 3))
+            "start", pid=proc.pid, pid_start=round(psutil.Process(proc.pid).create_time() + off, 3)
+        )
     assert wb.attach(run_dir).stop(timeout=5)["state"] == "stopped"
     assert ours.wait(timeout=10) == -9 and moved.wait(timeout=10) == -9
     assert stranger.poll() is None
@@ -146,7 +150,8 @@ def test_the_kill_signals_the_recorded_process(tmp_path, sleeper, how, signal_nu
     run_dir = make_run(tmp_path)
     ours = sleeper()
     EventWriter(run_dir, "replica-2.attempt-0", run="r1", replica=2, attempt=0).emit(
-        "start", **procs.identity(ours.pid))
+        "start", **procs.identity(ours.pid)
+    )
     event = wb.attach(run_dir).kill(replica=2, how=how)
     assert (event["action"], event["target"], event["pid"]) == (how, 2, ours.pid)
     assert ours.wait(timeout=10) == -signal_number

@@ -4,9 +4,10 @@ import numpy as np
 import pytest
 
 import workbench as wb
+from workbench.paths import CONFIG_DIR
 from workbench.spec import schedule
-from workbench.spec.models import CONFIG_DIR, ChaosSpec
 from workbench.spec.load import load_spec
+from workbench.spec.models import ChaosSpec
 from workbench.spec.preflight import preflight
 
 
@@ -34,8 +35,10 @@ def test_chaos_is_drawn_into_the_faults_once(run_root):
     """The resolved spec (what ``run.json`` records and a replay reruns) carries the drawn faults
     after the explicit ones and no chaos section, so resolving it again draws nothing more."""
     explicit = {"action": "kill", "target": 1, "at_step": 50}
-    spec = load_spec("demo", {"faults": [explicit], "chaos": {"mtbf_s": 5, "seed": 2, "actions": ["hang"],
-                                                             "max_faults": 4, "start_s": 3.0}})
+    spec = load_spec(
+        "demo",
+        {"faults": [explicit], "chaos": {"mtbf_s": 5, "seed": 2, "actions": ["hang"], "max_faults": 4, "start_s": 3.0}},
+    )
     resolved = schedule.materialize(spec)
     assert resolved.chaos is None and len(resolved.faults) == 5
     assert (resolved.faults[0].action, resolved.faults[0].target, resolved.faults[0].at_step) == ("kill", 1, 50)
@@ -75,9 +78,17 @@ def test_preflight_is_quiet_on_shipped_configs(config):
         ({"torchft.quorum_timeout_s": 0.5, "lighthouse.join_timeout_ms": 100}, "quorum_timeout_s (0.5)"),
         ({"lighthouse.join_timeout_ms": 100, "lighthouse.quorum_tick_ms": 100}, "join_timeout_ms (100)"),
         ({"faults": [{"action": "kill", "target": 1, "at_step": 10_000}]}, "never fires"),
-        ({"trainer": "maxtext", "replicas": 1, "min_replicas": 1, "maxtext": {"checkpoint_period": 500}, "steps": 100,
-          "faults": []},
-         "no checkpoint is ever written"),
+        (
+            {
+                "trainer": "maxtext",
+                "replicas": 1,
+                "min_replicas": 1,
+                "maxtext": {"checkpoint_period": 500},
+                "steps": 100,
+                "faults": [],
+            },
+            "no checkpoint is ever written",
+        ),
         ({"hang.timeout_s": 0.5}, "hang.timeout_s (0.5)"),
         ({"replicas": 1, "min_replicas": 1, "faults": []}, "no live peer"),
     ],
@@ -113,6 +124,7 @@ def test_preflight_refuses_a_busy_lighthouse_port():
 
 def test_one_group_warns_only_where_a_relaunch_has_nothing_to_resume_from():
     """torchft-lite keeps its state only in live peers; titan restores its own checkpoint."""
+
     def warned(config):
         spec = load_spec(config, {"replicas": 1, "min_replicas": 1, "faults": []})
         return any("replicas is 1" in w for w in preflight(spec))

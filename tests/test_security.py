@@ -55,8 +55,14 @@ def test_every_listener_of_a_local_run_is_on_loopback_and_it_still_heals(start_r
 def test_every_listener_of_a_local_titan_run_is_on_loopback_and_it_still_heals(start_run):
     """The job's rendezvous store, and in rank 0 torchft's Manager server, checkpoint server and stores."""
     pytest.importorskip("torchtitan")
-    run = start_run("titan-cpu", {"faults": [{"action": "kill", "target": 1, "at_step": 3}], "steps": 100000,
-                                  "titan.overrides": {"training.seq_len": 128}})
+    run = start_run(
+        "titan-cpu",
+        {
+            "faults": [{"action": "kill", "target": 1, "at_step": 3}],
+            "steps": 100000,
+            "titan.overrides": {"training.seq_len": 128},
+        },
+    )
     healed = lambda r: any(e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1 for e in r.events_read)  # noqa: E731
     run.wait_for(lambda r: healed(r) or r.state() in ("completed", "failed", "stopped"), timeout=900)
     assert run.state() == "running", run.status()
@@ -76,7 +82,9 @@ def test_every_listener_of_a_local_maxtext_run_is_on_loopback(start_run):
     from workbench.trainers.maxtext import command as maxtext_command
 
     if not maxtext_command.maxtext_python().exists():
-        pytest.skip(f"MaxText's environment {maxtext_command.maxtext_python()} is missing: run scripts/setup-maxtext.sh")
+        pytest.skip(
+            f"MaxText's environment {maxtext_command.maxtext_python()} is missing: run scripts/setup-maxtext.sh"
+        )
     run = start_run("maxtext-cpu-tiny", {"steps": 100000})
     run.wait_for_step(20, timeout=600)
     assert run.state() == "running", run.status()

@@ -17,15 +17,11 @@ import pytest
 
 from workbench import analysis
 from workbench.cluster.slurm import backend as slurm
-from workbench.spec.models import SpecError
+from workbench.errors import SpecError
 
 from .conftest import REPO, local_slurm, slurm_prerequisites, slurm_submitter
 
-pytestmark = [
-    pytest.mark.slurm,
-    pytest.mark.slow,
-    *slurm_prerequisites(),
-]
+pytestmark = [pytest.mark.slurm, pytest.mark.slow, *slurm_prerequisites()]
 
 # Slow enough that a kill lands mid-run; small enough for 2 shared cores.
 BASE = ["cluster=slurm", "steps=100000", "faults=[]", "model.step_delay_s=0.05"]
@@ -49,28 +45,53 @@ def queued(conf: str) -> list[str]:
 
 def rejoined(replica: int, attempt: int, after_steps: int = 5):
     """Predicate: ``attempt`` of ``replica`` committed ``after_steps`` steps while participating."""
+
     def check(run) -> bool:
-        steps = [e for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
-                 and e.get("attempt") == attempt and e.get("committed") and e.get("participating")]
+        steps = [
+            e
+            for e in run.events_read
+            if e["kind"] == "step"
+            and e.get("replica") == replica
+            and e.get("attempt") == attempt
+            and e.get("committed")
+            and e.get("participating")
+        ]
         return len(steps) >= after_steps
+
     return check
 
 
 def first_participating(run, replica: int, attempt: int) -> float:
-    return min(e["t"] for e in run.events_read if e["kind"] == "step" and e.get("replica") == replica
-               and e.get("attempt") == attempt and e.get("committed") and e.get("participating"))
+    return min(
+        e["t"]
+        for e in run.events_read
+        if e["kind"] == "step"
+        and e.get("replica") == replica
+        and e.get("attempt") == attempt
+        and e.get("committed")
+        and e.get("participating")
+    )
 
 
 def starts(run, replica: int) -> dict[int, dict]:
-    return {e["attempt"]: e for e in run.events_read
-            if e["kind"] == "start" and e.get("replica") == replica and e.get("role") == "replica"}
+    return {
+        e["attempt"]: e
+        for e in run.events_read
+        if e["kind"] == "start" and e.get("replica") == replica and e.get("role") == "replica"
+    }
 
 
 def attached(run_dir, code: str) -> dict:
     """Run ``code`` in a fresh Python process with ``run = wb.attach(run_dir)``; it prints one JSON line."""
     script = f"import json, workbench as wb\nrun = wb.attach({str(run_dir)!r})\n{code}"
-    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
-                         env={**os.environ, "PYTHONPATH": str(REPO)})
+    out = subprocess.run(
+        [sys.executable, "-c", script],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=REPO,
+        env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout.strip().splitlines()[-1])
 
@@ -97,8 +118,14 @@ def test_killed_replica_job_is_resubmitted_heals_and_survivors_lose_nothing(subm
     heals = [e for e in run.events_read if e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] >= 1]
     assert sorted(e["attempt"] for e in heals) == [1, 2, 3]
     last_rejoin = first_participating(run, 1, 3)
-    assert max(e.get("participants") or 0 for e in run.events_read
-               if e["kind"] == "step" and e["t"] >= last_rejoin and e.get("committed")) == 3
+    assert (
+        max(
+            e.get("participants") or 0
+            for e in run.events_read
+            if e["kind"] == "step" and e["t"] >= last_rejoin and e.get("committed")
+        )
+        == 3
+    )
 
     assert run.summary()["survivor_steps_lost"] == 0, run.summary()
     # From each kill to the replacement's first participating commit. (scancel's SIGKILL arrives
@@ -115,10 +142,16 @@ def test_killed_replica_job_is_resubmitted_heals_and_survivors_lose_nothing(subm
     assert not set(queued(cluster["slurm_conf"])) & set(jobs)
 
     # A fresh process sees the whole history: every event, every job id.
-    seen = attached(run.run_dir, "ev = run.events()\nprint(json.dumps({'n': len(ev), 'state': run.state(), "
-                                 "'jobs': sorted(ev[ev.kind == 'submit'].job_id.astype(str))}))")
-    assert seen == {"n": len(run.events()), "state": "stopped",
-                    "jobs": sorted(str(e["job_id"]) for e in run.events_read if e["kind"] == "submit")}
+    seen = attached(
+        run.run_dir,
+        "ev = run.events()\nprint(json.dumps({'n': len(ev), 'state': run.state(), "
+        "'jobs': sorted(ev[ev.kind == 'submit'].job_id.astype(str))}))",
+    )
+    assert seen == {
+        "n": len(run.events()),
+        "state": "stopped",
+        "jobs": sorted(str(e["job_id"]) for e in run.events_read if e["kind"] == "submit"),
+    }
 
 
 def test_node_down_under_a_replica_group_it_comes_back_on_another_node(submit, cluster):
@@ -186,8 +219,15 @@ def test_partition_of_a_groups_node_survivors_go_on_it_rejoins_and_no_fault_outl
     assert f"wbn-{node}" not in hostfaults.links_down()
 
     def steps(r, replica, lo, hi=float("inf")):
-        return [e for e in r.events_read if e["kind"] == "step" and e.get("replica") == replica and e.get("committed")
-                and e.get("participating", True) and lo < e["t"] < hi]
+        return [
+            e
+            for e in r.events_read
+            if e["kind"] == "step"
+            and e.get("replica") == replica
+            and e.get("committed")
+            and e.get("participating", True)
+            and lo < e["t"] < hi
+        ]
 
     run.wait_for(lambda r: len(steps(r, 1, back["t"])) >= 5, timeout=240)
     # The survivor committed without it during the cut; the cut-off side committed nothing (bar a step in flight).
@@ -198,7 +238,9 @@ def test_partition_of_a_groups_node_survivors_go_on_it_rejoins_and_no_fault_outl
     # The controller samples each node's health; the node's link counted the partitioned group's traffic.
     health = run.nodes()
     mine = health[health["node"] == node]
-    assert len(mine) and mine["net_sent_bytes"].iloc[-1] > mine["net_sent_bytes"].iloc[0] and mine["rss_bytes"].max() > 0
+    assert (
+        len(mine) and mine["net_sent_bytes"].iloc[-1] > mine["net_sent_bytes"].iloc[0] and mine["rss_bytes"].max() > 0
+    )
     assert run.status()["nodes"][node]["health"]["rss_bytes"] > 0  # status --json carries it too
     # Stopped mid-fault: the tbf and the cgroup go with the run.
     run.kill(replica=1, how="slow_link", seconds=600)

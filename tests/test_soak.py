@@ -15,17 +15,28 @@ def test_short_soak_holds_every_invariant(start_run):
     run.wait(timeout=900)
     result = check_invariants(run)
     assert (result["faults"], result["faults_not_fired"]) == (12, 0)
-    broken = {k: v for k, v in result.items() if k in (
-        "state", "survivor_crashes", "duplicate_committed_steps", "steps_going_back", "final_weights_distinct",
-        "restores_of_non_durable_checkpoints", "timeline_incomplete")}
+    broken = {
+        k: v
+        for k, v in result.items()
+        if k
+        in (
+            "state",
+            "survivor_crashes",
+            "duplicate_committed_steps",
+            "steps_going_back",
+            "final_weights_distinct",
+            "restores_of_non_durable_checkpoints",
+            "timeline_incomplete",
+        )
+    }
     assert result["invariants_hold"], broken
 
 
 def test_a_soak_is_long_enough_for_its_last_fault_at_its_fastest_step():
     """The chaos schedule is in seconds and the run's length in steps: a run that stepped faster than
     the length was sized for ended with its last faults still due (10 of 12 fired, once)."""
-    from workbench.spec.schedule import materialize
     from workbench.spec.load import load_spec
+    from workbench.spec.schedule import materialize
 
     for faults, mtbf_s, seed in ((12, 5.0, 9), (50, 6.0, 1)):
         spec = soak_spec(faults=faults, mtbf_s=mtbf_s, seed=seed, cluster="local")

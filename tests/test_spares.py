@@ -17,13 +17,30 @@ TAKEOVER_BOUND_S = HEARTBEAT_TIMEOUT_S + 4.0
 
 
 def test_a_hot_spare_replaces_a_killed_group_heals_and_is_replaced(start_run):
-    run = start_run("demo", {"faults": [], "spares": 1, "steps": 100000, "model.step_delay_s": 0.01,
-                             "lighthouse.heartbeat_timeout_ms": int(HEARTBEAT_TIMEOUT_S * 1000)})
+    run = start_run(
+        "demo",
+        {
+            "faults": [],
+            "spares": 1,
+            "steps": 100000,
+            "model.step_delay_s": 0.01,
+            "lighthouse.heartbeat_timeout_ms": int(HEARTBEAT_TIMEOUT_S * 1000),
+        },
+    )
     run.wait_for(lambda r: any(e["kind"] == "phase" and e.get("phase") == "spare_ready" for e in r.events_read), 240)
     run.wait_for_step(50, timeout=120)
     fault = run.kill(replica=1)
-    run.wait_for(lambda r: any(e["kind"] == "step" and e["replica"] == 1 and e["attempt"] == 1
-                               and e.get("participating") and e.get("committed") for e in r.events_read), 120)
+    run.wait_for(
+        lambda r: any(
+            e["kind"] == "step"
+            and e["replica"] == 1
+            and e["attempt"] == 1
+            and e.get("participating")
+            and e.get("committed")
+            for e in r.events_read
+        ),
+        120,
+    )
     events = run.event_records()
 
     # The spare: its own process, imported and ready before the kill.
@@ -42,21 +59,41 @@ def test_a_hot_spare_replaces_a_killed_group_heals_and_is_replaced(start_run):
     assert len(starts) == 1 and starts[0]["from_spare"] == 0
     assert (starts[0]["pid"], starts[0]["pid_start"]) == (spare_start["pid"], spare_start["pid_start"])
     assert starts[0]["pid"] != fault["pid"]
-    assert not any(e["kind"] == "phase" and e.get("phase") == "imports_done" and e.get("replica") == 1
-                   and e.get("attempt") == 1 and e.get("seconds", 0) > 0 for e in events)
+    assert not any(
+        e["kind"] == "phase"
+        and e.get("phase") == "imports_done"
+        and e.get("replica") == 1
+        and e.get("attempt") == 1
+        and e.get("seconds", 0) > 0
+        for e in events
+    )
 
     # It healed from a live peer and took part again, within the loaded-CI bound above.
     heal = next(e for e in events if e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1)
-    first = min((e for e in events if e["kind"] == "step" and e["replica"] == 1 and e["attempt"] == 1
-                 and e.get("participating") and e.get("committed")), key=lambda e: e["t"])
+    first = min(
+        (
+            e
+            for e in events
+            if e["kind"] == "step"
+            and e["replica"] == 1
+            and e["attempt"] == 1
+            and e.get("participating")
+            and e.get("committed")
+        ),
+        key=lambda e: e["t"],
+    )
     assert fault["t"] < heal["t"] <= first["t"]
     row = analysis.recovery_timeline(events).iloc[0]
     assert row["participating"] == pytest.approx(first["t"] - fault["t"])
     assert row["participating"] < TAKEOVER_BOUND_S, row.to_dict()
 
     # The used spare is replaced in the background, by a new process.
-    run.wait_for(lambda r: any(e["kind"] == "phase" and e.get("phase") == "spare_ready" and e.get("spare") == 1
-                               for e in r.events_read), 240)
+    run.wait_for(
+        lambda r: any(
+            e["kind"] == "phase" and e.get("phase") == "spare_ready" and e.get("spare") == 1 for e in r.events_read
+        ),
+        240,
+    )
     new_spare = next(e for e in run.event_records() if e["kind"] == "start" and e.get("spare") == 1)
     assert new_spare["t"] > fault["t"] and new_spare["pid"] != spare_start["pid"]
     run.stop()

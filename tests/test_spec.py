@@ -9,7 +9,6 @@ import pytest
 
 import workbench as wb
 from workbench.spec.load import load_spec
-from workbench.spec.preflight import preflight
 
 from .conftest import REPO
 
@@ -28,15 +27,22 @@ from .conftest import REPO
         (["model.dim=30", "model.heads=4"], "model", "multiple of heads"),
         (["relaunch=sometimes"], "relaunch", "'auto' or 'off'"),
         (["faults=[{action: kill, target: 7, at_step: 3}]"], "faults", "< replicas"),
-        (["slurm.sbatch_args={constraint: \"h100\\nrm -rf ~\"}"], "slurm.sbatch_args", "control character"),
-        (["slurm.sbatch_args={\"a b\": c}"], "slurm.sbatch_args", "an sbatch option name"),
+        (['slurm.sbatch_args={constraint: "h100\\nrm -rf ~"}'], "slurm.sbatch_args", "control character"),
+        (['slurm.sbatch_args={"a b": c}'], "slurm.sbatch_args", "an sbatch option name"),
         (["lighthouse.bind_host=0.0.0.0"], "lighthouse.bind_host", "not a loopback address"),
         (["torchft.rust_log=verbose"], "torchft.rust_log", "'error', 'warn', 'info', 'debug' or 'trace'"),
         (["maxtext=" + "[" * 3000 + "]" * 3000], "maxtext", "nested too deeply"),
         (["faults=[{action: explode, at_step: 3}]"], "faults.0.action", "allowed: kill, abort, hang, preempt"),
-        (["faults=[{action: node_down, at_step: 3}]"], "faults[0].action", "not a fault on cluster local; allowed: kill, abort, hang, preempt, straggler, freeze, lighthouse_kill"),
-        (["faults=[{action: partition, at_step: 3}]"], "faults[0].action",
-         "partition needs nodes in network namespaces (the dev Slurm cluster) on cluster local"),
+        (
+            ["faults=[{action: node_down, at_step: 3}]"],
+            "faults[0].action",
+            "not a fault on cluster local; allowed: kill, abort, hang, preempt, straggler, freeze, lighthouse_kill",
+        ),
+        (
+            ["faults=[{action: partition, at_step: 3}]"],
+            "faults[0].action",
+            "partition needs nodes in network namespaces (the dev Slurm cluster) on cluster local",
+        ),
     ],
 )
 def test_bad_spec_names_field_and_allowed_values(overrides, field, allowed):
@@ -69,13 +75,21 @@ def test_unwritable_run_root_is_refused(tmp_path):
     mount namespace, since root writes through permission bits."""
     ro = tmp_path / "ro"
     ro.mkdir(mode=0o500)
-    check = (f"import workbench as wb; from workbench.spec.preflight import preflight; from workbench.spec.load import load_spec\n"
-             f"try:\n    preflight(load_spec('demo', ['run_root={ro}/runs']))\nexcept wb.SpecError as e:\n"
-             f"    print(e)")
+    check = (
+        f"import workbench as wb; from workbench.spec.preflight import preflight; from workbench.spec.load import load_spec\n"
+        f"try:\n    preflight(load_spec('demo', ['run_root={ro}/runs']))\nexcept wb.SpecError as e:\n"
+        f"    print(e)"
+    )
     argv = [sys.executable, "-c", check]
     if os.geteuid() == 0:
-        argv = ["unshare", "-m", "sh", "-c", f'mount --bind "{ro}" "{ro}" && mount -o remount,ro,bind "{ro}" && '
-                + " ".join(shlex.quote(a) for a in argv)]
+        argv = [
+            "unshare",
+            "-m",
+            "sh",
+            "-c",
+            f'mount --bind "{ro}" "{ro}" && mount -o remount,ro,bind "{ro}" && '
+            + " ".join(shlex.quote(a) for a in argv),
+        ]
     out = subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd=REPO)
     assert out.returncode == 0, out.stderr
     assert out.stdout.startswith("run_root:") and "is not writable" in out.stdout, out.stdout

@@ -20,8 +20,8 @@ from nbclient import NotebookClient
 
 import workbench as wb
 from workbench.analysis import compare
-from workbench.run.replay import replay_spec
 from workbench.experiments.sweep import SWEEPS_DIR, expand_points, list_sweeps
+from workbench.run.replay import replay_spec
 from workbench.widgets.comparison import ComparisonWidget, active_comparisons
 from workbench.widgets.plot import PLOTLY_MIME
 
@@ -71,6 +71,7 @@ def finished_sweep(tmp_path_factory):
 
 # -- points and validation (nothing runs) ----------------------------------------
 
+
 def test_grid_points_and_random_expand_to_points():
     grid = expand_points(grid={HB: [500, 1000], "seed": [1, 2, 3]})
     assert grid[:3] == [{HB: 500, "seed": 1}, {HB: 500, "seed": 2}, {HB: 500, "seed": 3}] and len(grid) == 6
@@ -80,21 +81,31 @@ def test_grid_points_and_random_expand_to_points():
     assert drawn == expand_points(random={HB: [500, 1000, 5000], "seed": [0, 1]}, n=8, seed=3)
 
 
-@pytest.mark.parametrize("kwargs, message", [
-    (dict(grid={"lighthouse.heartbeat_timeot_ms": [500, 1000]}), "lighthouse.heartbeat_timeot_ms: unknown key; allowed:"),
-    (dict(grid={HB: []}), f"grid {HB}: empty list"),
-    (dict(grid={HB: [500, "fast"]}), f"grid {HB}='fast': invalid spec: {HB}: Input should be a valid integer"),
-    (dict(grid={HB: 500}), f"grid {HB}: expected a list of values, got int 500"),
-    (dict(grid={HB: [10]}), f"grid {HB}=10: invalid spec: {HB}: Input should be greater than or equal to 50"),
-    (dict(grid={"min_replicas": [1, 5]}), "min_replicas (5) must be <= replicas (3)"),
-    (dict(points=[{"seed": 1}, {"faults": [{"action": "kill", "target": 7, "at_step": 5}]}]),
-     ("sweep point 1 (faults=[{'action': 'kill', 'target': 7, 'at_step': 5}]): invalid spec:",
-      "faults[0].target (7) must be < replicas (3)")),
-    (dict(points=[]), "points: expected a non-empty list"),
-    (dict(grid={HB: [500]}, points=[{"seed": 1}]), "give exactly one of grid, points, random (got grid, points)"),
-    (dict(random={HB: [500, 1000]}), "n: a random sweep needs n"),
-    (dict(grid={HB: [500]}, max_parallel=0), "max_parallel: expected an integer >= 1, got 0"),
-])
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (
+            dict(grid={"lighthouse.heartbeat_timeot_ms": [500, 1000]}),
+            "lighthouse.heartbeat_timeot_ms: unknown key; allowed:",
+        ),
+        (dict(grid={HB: []}), f"grid {HB}: empty list"),
+        (dict(grid={HB: [500, "fast"]}), f"grid {HB}='fast': invalid spec: {HB}: Input should be a valid integer"),
+        (dict(grid={HB: 500}), f"grid {HB}: expected a list of values, got int 500"),
+        (dict(grid={HB: [10]}), f"grid {HB}=10: invalid spec: {HB}: Input should be greater than or equal to 50"),
+        (dict(grid={"min_replicas": [1, 5]}), "min_replicas (5) must be <= replicas (3)"),
+        (
+            dict(points=[{"seed": 1}, {"faults": [{"action": "kill", "target": 7, "at_step": 5}]}]),
+            (
+                "sweep point 1 (faults=[{'action': 'kill', 'target': 7, 'at_step': 5}]): invalid spec:",
+                "faults[0].target (7) must be < replicas (3)",
+            ),
+        ),
+        (dict(points=[]), "points: expected a non-empty list"),
+        (dict(grid={HB: [500]}, points=[{"seed": 1}]), "give exactly one of grid, points, random (got grid, points)"),
+        (dict(random={HB: [500, 1000]}), "n: a random sweep needs n"),
+        (dict(grid={HB: [500]}, max_parallel=0), "max_parallel: expected an integer >= 1, got 0"),
+    ],
+)
 def test_bad_sweeps_give_a_clear_error_and_create_nothing(run_root, kwargs, message):
     with pytest.raises(wb.SpecError) as err:
         wb.sweep("demo", **kwargs)
@@ -111,6 +122,7 @@ def test_cli_sweep_rejects_a_bad_value_before_submitting(run_root):
 
 
 # -- a real sweep --------------------------------------------------------------------
+
 
 def test_sweep_runs_every_point_and_reports_the_failing_one(finished_sweep):
     sw, _ = finished_sweep
@@ -160,7 +172,11 @@ def test_comparison_view_of_the_sweep(finished_sweep):
     sw, _ = finished_sweep
     view = ComparisonWidget(sw, start=False)
     assert view.color_by == "model.lr" and len(view.table) == 3
-    assert [t.name for t in view.figure.data] == ["p0: lr=0.001", "p1: lr=0.003", "p2: lr=0.01, relaunch=off, faults=" + str(FAILING["faults"])]
+    assert [t.name for t in view.figure.data] == [
+        "p0: lr=0.001",
+        "p1: lr=0.003",
+        "p2: lr=0.01, relaunch=off, faults=" + str(FAILING["faults"]),
+    ]
     assert len(view.figure.data[0].x) == 30 and len(set(t.line.color for t in view.figure.data)) == 3
     assert view.table_panel.value.count("<tr data-state='failed'>") == 1
     assert not view.running and view.ended()
@@ -196,8 +212,11 @@ def test_replay_repeats_the_spec_and_the_faults(finished_sweep, tracked):
     assert replay.state() == original.state() == "failed"
 
     before, after = compare.fault_steps(original), compare.fault_steps(replay)
-    assert list(before[["action", "target", "origin"]].itertuples(index=False)) == \
-        list(after[["action", "target", "origin"]].itertuples(index=False)) == [("kill", 0, "schedule")]
+    assert (
+        list(before[["action", "target", "origin"]].itertuples(index=False))
+        == list(after[["action", "target", "origin"]].itertuples(index=False))
+        == [("kill", 0, "schedule")]
+    )
     assert (before["step"] >= KILL_AT).all() and (after["step"] >= KILL_AT).all()
     assert (abs(before["step"] - after["step"]) <= 2).all(), (before, after)
 
@@ -226,6 +245,7 @@ def test_stop_ends_the_running_point_and_skips_the_rest(tracked, run_root):
 
 
 # -- the notebook --------------------------------------------------------------------
+
 
 @pytest.mark.slow
 def test_ablation_notebook_runs_headless(run_root):

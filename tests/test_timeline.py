@@ -8,10 +8,10 @@ import os
 import numpy as np
 import pytest
 
-from workbench.run import rundir
-from workbench.events.log import EventReader, EventWriter
-from workbench.spec.load import load_spec
 from workbench.analysis.wallclock import STATE_COLORS, Replay, Timeline, fold_until, useful_rate
+from workbench.events.log import EventReader, EventWriter
+from workbench.run import rundir
+from workbench.spec.load import load_spec
 
 GROUPS = 16
 
@@ -37,23 +37,26 @@ def log(tmp_path):
         writer(r).emit("start", trainer="torchft-lite", role="replica", world_size=1)
     for step in range(1, 4):
         for r in range(GROUPS):
-            writer(r).emit("step", step=step, loss=1.0, committed=True, participating=True, participants=GROUPS,
-                           quorum_id=1)
+            writer(r).emit(
+                "step", step=step, loss=1.0, committed=True, participating=True, participants=GROUPS, quorum_id=1
+            )
     marks["before_kill"] = writer(3).emit("heartbeat", step=3)["t"]
     marks["kill3"] = control.emit("fault", action="kill", target=3, pid=1, origin="schedule")["t"]
     marks["kill7"] = control.emit("fault", action="kill", target=7, pid=1, origin="schedule")["t"]
     marks["freeze5"] = control.emit("fault", action="freeze", target=5, pid=1, origin="schedule", seconds=2.0)["t"]
     for r in range(GROUPS):
         if r not in (3, 5, 7):
-            writer(r).emit("step", step=4, loss=0.9, committed=True, participating=True, participants=GROUPS - 3,
-                           quorum_id=2)
+            writer(r).emit(
+                "step", step=4, loss=0.9, committed=True, participating=True, participants=GROUPS - 3, quorum_id=2
+            )
     ctl.emit("restart", replica=3, attempt=1, reason="died", from_step=4)
     marks["restart3"] = writer(3, 1).emit("start", trainer="torchft-lite", role="replica", world_size=1)["t"]
     writer(3, 1).emit("heal", step=4, seconds=0.1)
     marks["resume5"] = control.emit("fault", action="resume", target=5, resumed="freeze", origin="undo")["t"]
     writer(5).emit("step", step=5, loss=0.9, committed=True, participating=True, participants=GROUPS - 1, quorum_id=3)
-    writer(3, 1).emit("step", step=5, loss=0.9, committed=True, participating=True, participants=GROUPS - 1,
-                      quorum_id=3)
+    writer(3, 1).emit(
+        "step", step=5, loss=0.9, committed=True, participating=True, participants=GROUPS - 1, quorum_id=3
+    )
     marks["end"] = ctl.emit("run_end", state="stopped", reason="stop", steps=5)["t"]
     events = EventReader(run_dir).poll()
     marks["run_dir"] = run_dir
@@ -145,18 +148,22 @@ def test_live_timeline_follows_the_fold_batch_by_batch(log):
     tl = Timeline(run, spec.model.batch_size)
     run.subscribe(tl.observe)
     cut = next(i for i, e in enumerate(events) if e["kind"] == "fault")
-    run.apply(events[:cut + 1])
+    run.apply(events[: cut + 1])
     assert {c.replica: c.state for c in tl.cells_at(events[cut]["t"])}[3] == "dead"
     assert STATE_COLORS["dead"] != STATE_COLORS["participating"]
-    run.apply(events[cut + 1:])
+    run.apply(events[cut + 1 :])
     assert tl.transitions[3][-1][1:] == ("participating", 1)
 
 
 def cell_states(html_text):
     import re
 
-    return {int(r): (s, int(a)) for r, s, a in
-            re.findall(r"class='wb-cell' data-replica='(\d+)' data-state='(\w+)' data-attempt='(\d+)'", html_text)}
+    return {
+        int(r): (s, int(a))
+        for r, s, a in re.findall(
+            r"class='wb-cell' data-replica='(\d+)' data-state='(\w+)' data-attempt='(\d+)'", html_text
+        )
+    }
 
 
 def test_dashboard_at_16_groups_shows_the_grid_and_replays_it_once_ended(log):
@@ -192,8 +199,18 @@ def test_sync_events_are_loss_plot_markers_once_per_sync(tmp_path):
         w.emit("start", role="replica")
         w.emit("step", step=10, loss=2.0, committed=True, participating=True)
     for w in ws:
-        w.emit("sync", step=10, sync_index=1, algorithm="diloco", fragment=None, bytes=2_000_000, seconds=0.5,
-               participants=2, quorum_id=4, committed=True)
+        w.emit(
+            "sync",
+            step=10,
+            sync_index=1,
+            algorithm="diloco",
+            fragment=None,
+            bytes=2_000_000,
+            seconds=0.5,
+            participants=2,
+            quorum_id=4,
+            committed=True,
+        )
     state = DashboardState(2, 100)
     state.apply(EventReader(run_dir).poll())
     syncs = state.marker_arrays("sync")
@@ -216,7 +233,9 @@ def test_a_queue_that_grows_is_reported_as_not_absorbed(tmp_path):
     replay = Replay(EventReader(run_dir).poll(), 8)
     b = replay.timeline.backlog()
     assert b["peak"] == 6 and b["at_end"] == 6 and b["kept_up"] is False
-    assert b["mean"] == pytest.approx((10 * (1 + 2 + 3 + 4 + 5) + 10 * 6) / 65)  # 0 dead for 5 s, then 1..6 for 10 s each
+    assert b["mean"] == pytest.approx(
+        (10 * (1 + 2 + 3 + 4 + 5) + 10 * 6) / 65
+    )  # 0 dead for 5 s, then 1..6 for 10 s each
 
 
 def test_a_semi_synchronous_step_is_useful_once_its_sync_committed(tmp_path):
@@ -225,8 +244,14 @@ def test_a_semi_synchronous_step_is_useful_once_its_sync_committed(tmp_path):
     w.emit("start", role="replica")
     for step in range(1, 11):  # a sync every 4 steps: step 4 commits, step 8 does not, 9-10 die with the process
         sync = step % 4 == 0
-        w.emit("step", step=step, inner=not sync, committed=step != 8 if sync else True, participating=True,
-               algorithm="diloco")
+        w.emit(
+            "step",
+            step=step,
+            inner=not sync,
+            committed=step != 8 if sync else True,
+            participating=True,
+            algorithm="diloco",
+        )
     events = EventReader(run_dir).poll()
     assert useful_rate(events, 8)["samples"] == 4 * 8
     replay = Replay(events, 1, samples_per_step=8)

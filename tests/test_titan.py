@@ -25,7 +25,7 @@ REPO = Path(__file__).resolve().parent.parent
 
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
-from workbench.trainers.titan import cpu_patches as titan_cpu# noqa: E402
+from workbench.trainers.titan import cpu_patches as titan_cpu  # noqa: E402
 
 pytestmark = pytest.mark.titan
 cpu_only = pytest.mark.skipif(not titan_cpu.needed(), reason="the CPU patches apply only without an accelerator")
@@ -37,9 +37,17 @@ def run_python(code: str, timeout: float = 240) -> str:
         script = Path(tmp) / "repro.py"
         script.write_text(textwrap.dedent(code))
         proc = subprocess.run(
-            [sys.executable, str(script)], capture_output=True, text=True, timeout=timeout, cwd=REPO,
-            env={**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
-                 "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")},
+            [sys.executable, str(script)],
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            cwd=REPO,
+            env={
+                **os.environ,
+                "HF_HUB_OFFLINE": "1",
+                "HF_DATASETS_OFFLINE": "1",
+                "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+            },
         )
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return proc.stdout
@@ -318,9 +326,7 @@ def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
     hold identical weights; loss goes down.
     """
     steps, kill_after = 30, 5
-    run = start_run(
-        "titan-cpu", {"steps": steps, "faults": [], "titan.overrides": {"training.seq_len": 128}},
-    )
+    run = start_run("titan-cpu", {"steps": steps, "faults": [], "titan.overrides": {"training.seq_len": 128}})
     run.wait_for_step(kill_after, replica=1, timeout=300)
     assert run.state() not in ("completed", "failed", "stopped"), run.status()
     fault = run.kill(1)
@@ -362,8 +368,10 @@ def test_two_groups_kill_one_it_heals_from_live_peer(start_run):
     rejoin = healed["t"].min() - fault["t"]
     one_group = survivor[survivor["participants"] == 1]["step_time_s"].median()
     two_groups = survivor[(survivor["participants"] == 2) & survivor["committed"]]["step_time_s"].median()
-    print(f"\ntitan cpu: s/step 1 group {one_group:.2f}, 2 groups {two_groups:.2f}; kill->first healed step "
-          f"{rejoin:.1f} s; heal transfer {heal['seconds']:.2f} s, {heal['bytes'] / 1e6:.1f} MB")
+    print(
+        f"\ntitan cpu: s/step 1 group {one_group:.2f}, 2 groups {two_groups:.2f}; kill->first healed step "
+        f"{rejoin:.1f} s; heal transfer {heal['seconds']:.2f} s, {heal['bytes'] / 1e6:.1f} MB"
+    )
 
 
 def preempt_group_0(start_run, steps: int, preempt_after: int, **spec):

@@ -17,7 +17,9 @@ pytestmark = pytest.mark.slow
 
 
 def test_commit_and_quorum_records_cover_every_step(start_run):
-    run = start_run("demo", ["steps=500", "replicas=2", "min_replicas=1", "faults=[{action: kill, target: 1, at_step: 50}]"])
+    run = start_run(
+        "demo", ["steps=500", "replicas=2", "min_replicas=1", "faults=[{action: kill, target: 1, at_step: 50}]"]
+    )
     assert run.wait(timeout=240)["state"] == "completed"
     events = run.event_records()
     steps = [e for e in events if e["kind"] == "step"]

@@ -17,7 +17,9 @@ def test_trainers_package_imports_without_torch():
     """The spec imports the table; validating a spec must not pay for (or need) torch."""
     out = subprocess.run(
         [sys.executable, "-c", "import sys, workbench.trainers; print('torch' in sys.modules)"],
-        capture_output=True, text=True, check=True,
+        capture_output=True,
+        text=True,
+        check=True,
     )
     assert out.stdout.strip() == "False"
 
@@ -32,7 +34,7 @@ def test_every_trainer_names_a_module_with_run():
 def test_a_spec_with_spares_is_refused_for_a_trainer_without_them(name):
     """Hot spares exist for torchft-lite only; any other trainer's spec asking for one is refused
     with the trainer that has them named (the table's answer, as a user meets it)."""
-    from workbench.spec.models import SpecError
+    from workbench.errors import SpecError
     from workbench.spec.load import load_spec
 
     if name == "torchft-lite":
@@ -95,10 +97,13 @@ def test_a_stop_signal_is_a_preemption_the_loop_sees(sig):
 def test_a_stop_signal_sent_while_a_child_starts_reaches_its_handler():
     """A child started with the stop signals held (how titan starts its ranks) is not killed by a
     SIGTERM that comes before its interpreter has a handler: it sees it once it has one."""
-    code = ("from workbench.trainers.kit import StopRequest, release_stop_signals\n"
-            "stop = StopRequest()\nrelease_stop_signals()\nprint(stop.reason)")
-    child = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True,
-                             preexec_fn=hold_stop_signals)
+    code = (
+        "from workbench.trainers.kit import StopRequest, release_stop_signals\n"
+        "stop = StopRequest()\nrelease_stop_signals()\nprint(stop.reason)"
+    )
+    child = subprocess.Popen(
+        [sys.executable, "-c", code], stdout=subprocess.PIPE, text=True, preexec_fn=hold_stop_signals
+    )
     child.send_signal(signal.SIGTERM)  # the child has exec'd, its handler is far off
     out, _ = child.communicate(timeout=60)
     assert (child.returncode, out.strip()) == (0, "preempted")
@@ -122,8 +127,12 @@ def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first(
     passed_5 = [threading.Event() for _ in range(world)]
 
     def rank(r: int):
-        group = GroupStop(requests[r], r, world, store=lambda: dist.TCPStore(
-            "127.0.0.1", master.port, is_master=False, wait_for_workers=False))
+        group = GroupStop(
+            requests[r],
+            r,
+            world,
+            store=lambda: dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False),
+        )
         for boundary in range(50):
             if r == 0 and boundary == 5:
                 for e in passed_5[1:]:

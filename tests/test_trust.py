@@ -10,8 +10,7 @@ import time
 import pandas as pd
 import pytest
 
-import workbench as wb
-from workbench.run.handle import ControllerGone
+from workbench.errors import ControllerGone
 
 from .conftest import workbench_cli
 
@@ -60,16 +59,30 @@ def test_malformed_event_lines_are_counted_and_the_run_goes_on(start_run, run_ro
 def test_a_lone_group_that_is_slow_but_alive_is_not_a_hang_and_a_stopped_one_is(start_run, run_root):
     """One replica group (as MaxText or ddp-restart run): a step slower than the hang timeout
     (a compile, a checkpoint) keeps heartbeating and is no hang; SIGSTOP stops the heartbeat."""
-    run = start_run("demo", {"faults": [], "replicas": 1, "min_replicas": 1, "steps": 40, "heartbeat_s": 0.3,
-                             "hang.timeout_s": 1.0, "model.step_delay_s": 2.0, "run_root": str(run_root)})
+    run = start_run(
+        "demo",
+        {
+            "faults": [],
+            "replicas": 1,
+            "min_replicas": 1,
+            "steps": 40,
+            "heartbeat_s": 0.3,
+            "hang.timeout_s": 1.0,
+            "model.step_delay_s": 2.0,
+            "run_root": str(run_root),
+        },
+    )
     run.wait_for_step(3, timeout=180)
     hangs = [e for e in run.events_read if e["kind"] == "hang"]
     assert hangs == [], hangs  # three 2 s steps with a 1 s timeout: no false alarm
     fault = run.kill(replica=0, how="hang", seconds=4)
     run.wait_for(lambda r: any(e["kind"] == "hang" for e in r.events_read), timeout=10)
     hang = next(e for e in run.events_read if e["kind"] == "hang")
-    last_sign = max(e["t"] for e in run.events_read if e.get("replica") == 0 and e["t"] <= fault["t"]
-                    and e["kind"] in ("heartbeat", "step"))
+    last_sign = max(
+        e["t"]
+        for e in run.events_read
+        if e.get("replica") == 0 and e["t"] <= fault["t"] and e["kind"] in ("heartbeat", "step")
+    )
     assert hang["t"] - last_sign >= 1.0 and hang["t"] - fault["t"] < 3.5
     run.stop()
 
@@ -78,9 +91,9 @@ def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(t
     """SIGSTOP can land between a trainer stamping a step event and writing it: the step arrives when
     the group runs again, stamped before its hang was reported. That is no progress since the report,
     so the hang stays reported once; a step stamped after the report is, and clears it."""
-    from workbench.run import rundir
     from workbench.controller.loop import Controller
     from workbench.events.log import EventWriter, read_all
+    from workbench.run import rundir
     from workbench.spec.load import load_spec
 
     spec = load_spec("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "hang.timeout_s": 1.5})
@@ -121,13 +134,15 @@ def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(t
 def test_a_diverged_run_reports_nan_and_where_it_diverged(tmp_path):
     """A diverged point of a comparison must not report a finite final loss from its earlier steps."""
     from workbench.analysis import compare
-    from workbench.run import rundir
     from workbench.events.log import EventWriter
+    from workbench.run import rundir
     from workbench.spec.load import load_spec
 
     dirs = []
     for name, losses in (("fine", [3.0, 2.0, 1.5, 1.2]), ("diverged", [3.0, 2.0, float("nan"), float("nan")])):
-        run_dir = rundir.create(tmp_path / "runs", name, load_spec("demo", {"faults": [], "replicas": 1, "min_replicas": 1}).to_dict())
+        run_dir = rundir.create(
+            tmp_path / "runs", name, load_spec("demo", {"faults": [], "replicas": 1, "min_replicas": 1}).to_dict()
+        )
         w = EventWriter(run_dir, "replica-0.attempt-0", run=name, replica=0, attempt=0)
         for step, loss in enumerate(losses, start=1):
             w.emit("step", step=step, loss=loss, committed=True, participating=True)

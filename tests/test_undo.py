@@ -8,10 +8,10 @@ import time
 
 import psutil
 
-from workbench.events import log as events
-from workbench.run import rundir
-from workbench.faults import undo
 from workbench.cluster.procs import HOST, Proc, start_time
+from workbench.events import log as events
+from workbench.faults import undo
+from workbench.run import rundir
 
 
 def _wait(predicate, timeout: float):
@@ -44,8 +44,14 @@ def test_the_resume_is_recorded_at_the_undo_without_importing_the_package_api(tm
         os.kill(victim.pid, signal.SIGSTOP)
         assert _wait(lambda: psutil.Process(victim.pid).status() == psutil.STATUS_STOPPED, 10)
         until = time.time() + 1.0
-        helper = undo.later(run_dir, "hang", 1.0, env=env, fields={"target": 0},
-                            signals=[[victim.pid, HOST, start_time(victim.pid), int(signal.SIGCONT)]])
+        helper = undo.later(
+            run_dir,
+            "hang",
+            1.0,
+            env=env,
+            fields={"target": 0},
+            signals=[[victim.pid, HOST, start_time(victim.pid), int(signal.SIGCONT)]],
+        )
 
         def resumes():
             return [e for e in events.read_all(run_dir) if e.get("action") == "resume"]

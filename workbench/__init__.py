@@ -1,13 +1,13 @@
 """workbench: fault-tolerance experiments on training jobs, from a notebook.
 
-    import workbench as wb
-    run = wb.submit("demo", ["steps=400"])     # spec → controller → jobs → events
-    run.metrics()                               # pandas, one row per replica per step
-    run.kill(replica=1)                         # SIGKILL; the group is relaunched and heals
-    wb.dashboard(run)                           # the live view (loss, groups, faults) in a notebook
-    run.wait(); run.summary()
-    wb.attach(run.run_dir)                      # from any other kernel
-    wb.matrix("demo", faults="kill,hang", trials=10)  # fault kinds × trainers, N runs each: rates, phases
+import workbench as wb
+run = wb.submit("demo", ["steps=400"])     # spec → controller → jobs → events
+run.metrics()                               # pandas, one row per replica per step
+run.kill(replica=1)                         # SIGKILL; the group is relaunched and heals
+wb.dashboard(run)                           # the live view (loss, groups, faults) in a notebook
+run.wait(); run.summary()
+wb.attach(run.run_dir)                      # from any other kernel
+wb.matrix("demo", faults="kill,hang", trials=10)  # fault kinds × trainers, N runs each: rates, phases
 """
 
 from __future__ import annotations
@@ -73,7 +73,22 @@ def comparison(source: Any, **kwargs: Any) -> Any:
 
 
 __all__ = [
-    "dashboard", "comparison", "Run", "Spec", "SpecError", "FaultError", "ControllerGone", "attach", "load_spec",
-    "submit", "Sweep", "sweep", "attach_sweep", "replay", "Matrix", "matrix", "attach_matrix",
+    "dashboard",
+    "comparison",
+    "Run",
+    "Spec",
+    "SpecError",
+    "FaultError",
+    "ControllerGone",
+    "attach",
+    "load_spec",
+    "submit",
+    "Sweep",
+    "sweep",
+    "attach_sweep",
+    "replay",
+    "Matrix",
+    "matrix",
+    "attach_matrix",
 ]
 __version__ = "0.1.0"

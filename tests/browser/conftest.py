@@ -30,8 +30,14 @@ import pytest
 REPO = Path(__file__).resolve().parents[2]
 CHROMIUM = "/usr/bin/chromium"
 CHROMIUM_ARGS = [
-    "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-    "--disable-background-networking", "--disable-component-update", "--disable-sync",
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
 ]
 ARTIFACTS = REPO / "test-artifacts"
 
@@ -102,9 +108,19 @@ def running_lab(tmp_path: Path):
     port, token = _free_port(), secrets.token_hex(16)
     log = tmp_path / "jupyter-lab.log"
     cmd = [
-        sys.executable, "-m", "jupyter", "lab", "--no-browser", "--allow-root", "--ip=127.0.0.1", f"--port={port}",
-        f"--IdentityProvider.token={token}", f"--ServerApp.root_dir={root}", "--ServerApp.open_browser=False",
-        "--LabApp.news_url=", "--ServerApp.port_retries=0",
+        sys.executable,
+        "-m",
+        "jupyter",
+        "lab",
+        "--no-browser",
+        "--allow-root",
+        "--ip=127.0.0.1",
+        f"--port={port}",
+        f"--IdentityProvider.token={token}",
+        f"--ServerApp.root_dir={root}",
+        "--ServerApp.open_browser=False",
+        "--LabApp.news_url=",
+        "--ServerApp.port_retries=0",
     ]
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=root, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)
@@ -146,8 +162,9 @@ def page(lab, tmp_path):
     home = tmp_path / "chromium-home"
     home.mkdir()
     with sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-                                    env={**os.environ, "HOME": str(home)})
+        browser = p.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, env={**os.environ, "HOME": str(home)}
+        )
         try:
             context = browser.new_context(viewport={"width": 1400, "height": 1300})
             pg = context.new_page()

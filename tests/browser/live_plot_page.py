@@ -50,10 +50,14 @@ JS_WATCH = f"""(name) => {{
 def notebook(path: Path, run_dir: Path) -> None:
     """A one-cell notebook showing the dashboard of ``run_dir`` (watch-only)."""
     cell = f"import workbench as wb\nd = wb.dashboard({str(run_dir)!r}, faults=False)\nd"
-    nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": "dash", "metadata": {}, "outputs": [],
-                     "source": cell}],
-          "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
-          "nbformat": 4, "nbformat_minor": 5}
+    nb = {
+        "cells": [
+            {"cell_type": "code", "execution_count": None, "id": "dash", "metadata": {}, "outputs": [], "source": cell}
+        ],
+        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
+        "nbformat": 4,
+        "nbformat_minor": 5,
+    }
     path.write_text(json.dumps(nb))
 
 
@@ -87,8 +91,15 @@ class Feeder:
         for _ in range(n):
             self.step += 1
             for r, w in enumerate(self.writers):
-                w.emit("step", step=self.step, loss=5.0 / (1 + self.step) + 0.01 * r, committed=True,
-                       participating=True, participants=len(self.writers), quorum_id=1)
+                w.emit(
+                    "step",
+                    step=self.step,
+                    loss=5.0 / (1 + self.step) + 0.01 * r,
+                    committed=True,
+                    participating=True,
+                    participants=len(self.writers),
+                    quorum_id=1,
+                )
             self.written[self.step] = time.time()
         return self.step
 
@@ -118,7 +129,9 @@ def latencies(draws: list, written: dict[int, float]) -> list[float]:
     their own write's next one count at that draw)."""
     out = []
     for step, t_w in written.items():
-        seen = next((t / 1000.0 for t, last_x, _ in draws if last_x is not None and last_x >= step and t / 1000.0 >= t_w), None)
+        seen = next(
+            (t / 1000.0 for t, last_x, _ in draws if last_x is not None and last_x >= step and t / 1000.0 >= t_w), None
+        )
         if seen is not None:
             out.append(seen - t_w)
     return out

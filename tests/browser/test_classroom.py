@@ -114,6 +114,7 @@ def check_figure(name: str, m: dict, rows: int | None = None) -> list[str]:
 
 # -- the module's run and browser ------------------------------------------------------------------
 
+
 @pytest.fixture(scope="module")
 def browser(tmp_path_factory):
     reason = _missing()
@@ -127,8 +128,9 @@ def browser(tmp_path_factory):
 
     home = tmp_path_factory.mktemp("chromium-home")
     with sync_playwright() as p:
-        b = p.chromium.launch(executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True,
-                              env={**os.environ, "HOME": str(home)})
+        b = p.chromium.launch(
+            executable_path=CHROMIUM, args=CHROMIUM_ARGS, headless=True, env={**os.environ, "HOME": str(home)}
+        )
         try:
             yield b
         finally:
@@ -164,8 +166,14 @@ def classroom(*args: str, log: Path):
     """``workbench classroom ARGS --port P`` as a user starts it; yields its printed URL; stopped by PID."""
     port = _free_port()
     with open(log, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "workbench.apps.cli", "classroom", *args, "--port", str(port)],
-                                cwd=REPO, stdout=subprocess.PIPE, stderr=err, text=True, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "workbench.apps.cli", "classroom", *args, "--port", str(port)],
+            cwd=REPO,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+            stdin=subprocess.DEVNULL,
+        )
     try:
         url = None
         while url is None:
@@ -208,6 +216,7 @@ def wait_page(page, timeout_s: float = 120.0) -> None:
 
 # -- 1 and 2: the classroom page ---------------------------------------------------------------------
 
+
 def test_classroom_page_live_no_code_latency_and_reload(module_run, page, tmp_path):
     run = module_run
     run.wait_for_step(5, timeout=180)
@@ -225,12 +234,18 @@ def test_classroom_page_live_no_code_latency_and_reload(module_run, page, tmp_pa
         # the grid and the plot update
         first = page.evaluate(JS_TILES)
         assert [s for s, _, _ in first] == ["participating", "participating"], first
-        wait_js(page, f"() => ({JS_TILES})().every((t, i) => t[1] > {json.dumps([st for _, st, _ in first])}[i])",
-                timeout_s=30, what="tiles step on")
+        wait_js(
+            page,
+            f"() => ({JS_TILES})().every((t, i) => t[1] > {json.dumps([st for _, st, _ in first])}[i])",
+            timeout_s=30,
+            what="tiles step on",
+        )
         n = page.evaluate(JS_TRACE_LEN, "replica 0")
         wait_js(page, f"() => ({JS_TRACE_LEN})('replica 0') > {n}", timeout_s=30, what="plot grows")
         shot(page, "classroom.png")
-        problems, _ = _measure_all(page, {"dashboard loss": "document.querySelector('.wb-loss-plot .js-plotly-plot')"}, {}, "classroom")
+        problems, _ = _measure_all(
+            page, {"dashboard loss": "document.querySelector('.wb-loss-plot .js-plotly-plot')"}, {}, "classroom"
+        )
         assert not problems, "\n".join(problems)
         page.set_viewport_size({"width": 1280, "height": 900})
 
@@ -240,17 +255,28 @@ def test_classroom_page_live_no_code_latency_and_reload(module_run, page, tmp_pa
         for i in range(25):
             probe.emit("warning", message=f"classroom-probe-{i}")
             t_written = time.time()
-            wait_js(page, "(m) => { const el = document.querySelector('.wb-tail-panel'); return el && el.textContent.includes(m); }",
-                    arg=f"classroom-probe-{i}", timeout_s=10, what="probe")
+            wait_js(
+                page,
+                "(m) => { const el = document.querySelector('.wb-tail-panel'); return el && el.textContent.includes(m); }",
+                arg=f"classroom-probe-{i}",
+                timeout_s=10,
+                what="probe",
+            )
             latencies.append(time.time() - t_written)
         latencies.sort()
-        report = {"events": len(latencies), "median_s": statistics.median(latencies),
-                  "p95_s": latencies[int(round(0.95 * (len(latencies) - 1)))], "max_s": latencies[-1],
-                  "loadavg": os.getloadavg()}
+        report = {
+            "events": len(latencies),
+            "median_s": statistics.median(latencies),
+            "p95_s": latencies[int(round(0.95 * (len(latencies) - 1)))],
+            "max_s": latencies[-1],
+            "loadavg": os.getloadavg(),
+        }
         ARTIFACTS.mkdir(exist_ok=True)
         (ARTIFACTS / "classroom-latency.json").write_text(json.dumps(report, indent=2))
-        print(f"\nclassroom page, event → visible over {len(latencies)} events: median {report['median_s'] * 1000:.0f} ms, "
-              f"p95 {report['p95_s'] * 1000:.0f} ms (load {report['loadavg'][0]:.1f})")
+        print(
+            f"\nclassroom page, event → visible over {len(latencies)} events: median {report['median_s'] * 1000:.0f} ms, "
+            f"p95 {report['p95_s'] * 1000:.0f} ms (load {report['loadavg'][0]:.1f})"
+        )
         assert report["median_s"] < 2.0
 
         # a reload is a new kernel on the same run: current, and live again
@@ -276,10 +302,18 @@ def test_classroom_teacher_turns_the_fault_buttons_on(module_run, page, tmp_path
         page.locator(".wb-action-picker select").select_option("kill")
         page.locator("button.wb-inject").click()
         # dead, or already the next attempt: the fork server's replacement can start within one poll
-        wait_js(page, f"() => {{ const t = ({JS_TILES})()[1]; return t[0] === 'dead' || t[2] > 0; }}",
-                timeout_s=30, what="tile dead or replaced")
-        wait_js(page, f"() => {{ const t = ({JS_TILES})()[1]; return t[0] === 'participating' && t[2] > 0; }}",
-                timeout_s=180, what="tile rejoined")
+        wait_js(
+            page,
+            f"() => {{ const t = ({JS_TILES})()[1]; return t[0] === 'dead' || t[2] > 0; }}",
+            timeout_s=30,
+            what="tile dead or replaced",
+        )
+        wait_js(
+            page,
+            f"() => {{ const t = ({JS_TILES})()[1]; return t[0] === 'participating' && t[2] > 0; }}",
+            timeout_s=180,
+            what="tile rejoined",
+        )
         shot(page, "classroom-teacher.png")
     faults = [e for e in run.event_records() if e.get("kind") == "fault"]
     assert [(e["action"], e["target"], e["origin"]) for e in faults] == [("kill", 1, "button")]
@@ -312,8 +346,14 @@ compare.loss_figure(runs, labels=["500 ms", "5000 ms"], color_values=[500, 5000]
 compare.comparison_figures(runs, params=points, color_by=HB)[1]    # sweep_report_figures' figures by the key
 """
 # (cell, rows): which cells draw the timeline, and with how many rows
-FIGURE_CELLS = {2: "timeline, 1 fault", 3: "timeline, 6 faults", 4: "comparison loss",
-                5: "survivor stall", 6: "loss by heartbeat", 7: "figures by heartbeat"}
+FIGURE_CELLS = {
+    2: "timeline, 1 fault",
+    3: "timeline, 6 faults",
+    4: "comparison loss",
+    5: "survivor stall",
+    6: "loss by heartbeat",
+    7: "figures by heartbeat",
+}
 TIMELINE_ROWS = {2: 1, 3: 6}
 
 
@@ -325,23 +365,39 @@ def _measure_all(page, figure_js: dict, rows: dict, where: str) -> tuple[list[st
     problems, measured = [], {}
     for vp, (w, h) in VIEWPORTS.items():
         page.set_viewport_size({"width": w, "height": h})
-        wait_js(page, f"() => [...document.querySelectorAll('.js-plotly-plot')].every(g => g.getBoundingClientRect().width <= {w})",
-                timeout_s=20, what=f"resize {vp}")
+        wait_js(
+            page,
+            f"() => [...document.querySelectorAll('.js-plotly-plot')].every(g => g.getBoundingClientRect().width <= {w})",
+            timeout_s=20,
+            what=f"resize {vp}",
+        )
         page.wait_for_timeout(500)  # plotly's responsive relayout follows the resize event; let it land
         for key, expr in figure_js.items():
             gd = f"(() => {expr})()"
-            wait_js(page, f"() => {{ const g = {gd}; return !!(g && g._fullLayout && g.getBoundingClientRect().height > 0); }}",
-                    timeout_s=30, what=f"{where} {key}")
+            wait_js(
+                page,
+                f"() => {{ const g = {gd}; return !!(g && g._fullLayout && g.getBoundingClientRect().height > 0); }}",
+                timeout_s=30,
+                what=f"{where} {key}",
+            )
             page.evaluate(f"() => {gd}.scrollIntoView({{block: 'center'}})")
             page.wait_for_timeout(100)
             m = page.evaluate(f"() => ({JS_MEASURE})({gd})")
             measured[f"{key} @ {vp}"] = m
             problems += check_figure(f"{where} {key} @ {vp} {w}x{h}", m, rows.get(key))
-            box = page.evaluate(f"() => {{ const r = {gd}.getBoundingClientRect(); return {{x: r.left, y: r.top, width: r.width, height: r.height}}; }}")
-            clip = {"x": max(0, box["x"]), "y": max(0, box["y"]),
-                    "width": min(box["width"], w - max(0, box["x"])), "height": min(box["height"], h - max(0, box["y"]))}
+            box = page.evaluate(
+                f"() => {{ const r = {gd}.getBoundingClientRect(); return {{x: r.left, y: r.top, width: r.width, height: r.height}}; }}"
+            )
+            clip = {
+                "x": max(0, box["x"]),
+                "y": max(0, box["y"]),
+                "width": min(box["width"], w - max(0, box["x"])),
+                "height": min(box["height"], h - max(0, box["y"])),
+            }
             ARTIFACTS.mkdir(exist_ok=True)
-            page.screenshot(path=str(ARTIFACTS / f"figure-{where}-{key}-{vp}.png".replace(" ", "_").replace(",", "")), clip=clip)
+            page.screenshot(
+                path=str(ARTIFACTS / f"figure-{where}-{key}-{vp}.png".replace(" ", "_").replace(",", "")), clip=clip
+            )
     return problems, measured
 
 
@@ -352,8 +408,13 @@ def test_every_figure_is_readable_in_chromium(module_run, browser, lab, tmp_path
     if not any(e.get("kind") == "fault" for e in run.event_records()):  # test 2 did not run or failed
         run.wait_for_step(20, timeout=180)
         run.kill(replica=1)
-        run.wait_for(lambda r: any(e["kind"] == "step" and e["replica"] == 1 and e["attempt"] == 1
-                                   and e.get("participating") for e in r.event_records()), timeout=180)
+        run.wait_for(
+            lambda r: any(
+                e["kind"] == "step" and e["replica"] == 1 and e["attempt"] == 1 and e.get("participating")
+                for e in r.event_records()
+            ),
+            timeout=180,
+        )
     run.wait_for_step(run.status()["step"] + 50, timeout=180)  # steps after the heal: goodput has a rate to judge by
     run.stop(timeout=60)
 
@@ -364,17 +425,36 @@ def test_every_figure_is_readable_in_chromium(module_run, browser, lab, tmp_path
         report = write_report(run)
         page.goto(report.as_uri())
         page.locator(".js-plotly-plot").nth(2).wait_for(timeout=30_000)
-        titles = page.evaluate("() => [...document.querySelectorAll('.js-plotly-plot')].map(g => g._fullLayout.title.text || '')")
+        titles = page.evaluate(
+            "() => [...document.querySelectorAll('.js-plotly-plot')].map(g => g._fullLayout.title.text || '')"
+        )
         assert len(titles) == 3, titles
-        figures = {name: f"document.querySelectorAll('.js-plotly-plot')[{i}]" for i, name in enumerate(("loss", "timeline", "goodput"))}
+        figures = {
+            name: f"document.querySelectorAll('.js-plotly-plot')[{i}]"
+            for i, name in enumerate(("loss", "timeline", "goodput"))
+        }
         problems, measured = _measure_all(page, figures, {"timeline": 1}, "report")
 
         # the notebooks' and the dashboard's figures in JupyterLab
         cells = [c.strip() for c in FIGURES_NOTEBOOK.format(run_dir=str(run.run_dir)).split("##")]
-        nb = {"cells": [{"cell_type": "code", "execution_count": None, "id": f"c{i}", "metadata": {}, "outputs": [],
-                         "source": src} for i, src in enumerate(cells)],
-              "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}},
-              "nbformat": 4, "nbformat_minor": 5}
+        nb = {
+            "cells": [
+                {
+                    "cell_type": "code",
+                    "execution_count": None,
+                    "id": f"c{i}",
+                    "metadata": {},
+                    "outputs": [],
+                    "source": src,
+                }
+                for i, src in enumerate(cells)
+            ],
+            "metadata": {
+                "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"}
+            },
+            "nbformat": 4,
+            "nbformat_minor": 5,
+        }
         (lab.root / "figures.ipynb").write_text(json.dumps(nb))
         # every cell rendered, on screen or not (JupyterLab 4 skips drawing the cells out of view by default)
         tracker = tmp_path / "lab-settings" / "@jupyterlab" / "notebook-extension" / "tracker.jupyterlab-settings"
@@ -388,14 +468,25 @@ def test_every_figure_is_readable_in_chromium(module_run, browser, lab, tmp_path
         cell = lambda i: f".jp-Notebook .jp-CodeCell >> nth={i}"
         for i in FIGURE_CELLS:
             page.locator(f"{cell(i)} >> .js-plotly-plot").wait_for(timeout=120_000)
-        wait_js(page, "() => !!document.querySelector('svg.wb-participants polyline')", timeout_s=30, what="participants")
+        wait_js(
+            page, "() => !!document.querySelector('svg.wb-participants polyline')", timeout_s=30, what="participants"
+        )
         svg = page.locator("svg.wb-participants").evaluate(
             "s => ({h: s.getBoundingClientRect().height, points: s.querySelector('polyline').getAttribute('points').trim().split(/\\s+/).length,"
-            " font: Math.min(...[...s.querySelectorAll('text')].map(t => parseFloat(getComputedStyle(t).fontSize)))})")
+            " font: Math.min(...[...s.querySelectorAll('text')].map(t => parseFloat(getComputedStyle(t).fontSize)))})"
+        )
         assert svg["h"] >= 80 and svg["points"] >= 2 and svg["font"] >= 12, svg
-        p2, m2 = _measure_all(page, {FIGURE_CELLS[i]: f"document.querySelectorAll('.jp-Notebook .jp-CodeCell')[{i}].querySelector('.js-plotly-plot')"
-                                     for i in FIGURE_CELLS},
-                              {FIGURE_CELLS[i]: n for i, n in TIMELINE_ROWS.items()}, "notebook")
+        p2, m2 = _measure_all(
+            page,
+            {
+                FIGURE_CELLS[
+                    i
+                ]: f"document.querySelectorAll('.jp-Notebook .jp-CodeCell')[{i}].querySelector('.js-plotly-plot')"
+                for i in FIGURE_CELLS
+            },
+            {FIGURE_CELLS[i]: n for i, n in TIMELINE_ROWS.items()},
+            "notebook",
+        )
         problems += p2
         measured.update(m2)
     except Exception:
@@ -413,6 +504,7 @@ def test_every_figure_is_readable_in_chromium(module_run, browser, lab, tmp_path
 
 # -- make lab: no pop-ups ---------------------------------------------------------------------------
 
+
 def test_make_lab_opens_on_the_notebooks_with_no_popups(browser, tmp_path):
     """JupyterLab started by `make lab`'s own command line (read with `make -n`), as a new user with no
     settings of their own: the notebooks listed, no news question, no update toast."""
@@ -422,9 +514,15 @@ def test_make_lab_opens_on_the_notebooks_with_no_popups(browser, tmp_path):
     cmd[0] = str(Path(sys.executable).with_name("jupyter"))  # this interpreter's venv, as make's $(VENV)
     port, token = _free_port(), "t" + os.urandom(16).hex()
     cmd += [f"--port={port}", f"--IdentityProvider.token={token}", "--ServerApp.port_retries=0"]
-    env = {**os.environ, "HOME": str(tmp_path), "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
-           "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"), "JUPYTER_DATA_DIR": str(tmp_path / "data"),
-           "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"), "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws")}
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path),
+        "JUPYTER_CONFIG_DIR": str(tmp_path / "cfg"),
+        "JUPYTER_RUNTIME_DIR": str(tmp_path / "rt"),
+        "JUPYTER_DATA_DIR": str(tmp_path / "data"),
+        "JUPYTERLAB_SETTINGS_DIR": str(tmp_path / "user-settings"),
+        "JUPYTERLAB_WORKSPACES_DIR": str(tmp_path / "ws"),
+    }
     log = tmp_path / "make-lab.log"
     with open(log, "wb") as out:
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL)

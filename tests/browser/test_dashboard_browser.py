@@ -34,7 +34,9 @@ pytestmark = pytest.mark.browser
 
 OWN_NOTEBOOK = Path(__file__).resolve().parents[2] / "notebooks" / "01_quickstart.ipynb"
 
-PLOT = "document.querySelector('.wb-loss-plot .js-plotly-plot') || document.querySelector('.wb-loss-plot.js-plotly-plot')"
+PLOT = (
+    "document.querySelector('.wb-loss-plot .js-plotly-plot') || document.querySelector('.wb-loss-plot.js-plotly-plot')"
+)
 JS_TRACE_LEN = f"""(name) => {{
     const gd = {PLOT};
     const data = gd && (gd._fullData || gd.data);
@@ -162,26 +164,41 @@ def test_dashboard_live_kill_recovery_and_reload(lab, page, notebook):
     for i in range(25):
         probe.emit("warning", message=f"latency-probe-{i}")
         t_written = time.time()
-        wait_js(page, "(m) => { const el = document.querySelector('.wb-tail-panel'); return el && el.textContent.includes(m); }",
-                arg=f"latency-probe-{i}", timeout_s=10, what="probe")
+        wait_js(
+            page,
+            "(m) => { const el = document.querySelector('.wb-tail-panel'); return el && el.textContent.includes(m); }",
+            arg=f"latency-probe-{i}",
+            timeout_s=10,
+            what="probe",
+        )
         latencies.append(time.time() - t_written)
     latencies.sort()
     p95 = latencies[int(round(0.95 * (len(latencies) - 1)))]
     report = {"events": len(latencies), "median_s": statistics.median(latencies), "p95_s": p95, "max_s": latencies[-1]}
     ARTIFACTS.mkdir(exist_ok=True)
     (ARTIFACTS / "dashboard-latency.json").write_text(json.dumps(report, indent=2))
-    print(f"\nevent → browser latency over {len(latencies)} events: median {report['median_s'] * 1000:.0f} ms, "
-          f"p95 {p95 * 1000:.0f} ms")
+    print(
+        f"\nevent → browser latency over {len(latencies)} events: median {report['median_s'] * 1000:.0f} ms, "
+        f"p95 {p95 * 1000:.0f} ms"
+    )
     assert report["median_s"] < 2.0
 
     # after the run ends (updater stopped) a reload must show the final data
     from workbench import attach
 
     attach(run_dir).stop(timeout=60)
-    wait_js(page, "() => !!document.querySelector(\".wb-title[data-run-state='stopped'], .wb-title[data-run-state='completed'], .wb-title[data-run-state='failed']\")",
-            timeout_s=60, what="run end shown")
-    wait_js(page, "() => { const el = document.querySelector('.wb-live'); return el && el.textContent === 'not polling'; }",
-            timeout_s=30, what="updater stopped")
+    wait_js(
+        page,
+        "() => !!document.querySelector(\".wb-title[data-run-state='stopped'], .wb-title[data-run-state='completed'], .wb-title[data-run-state='failed']\")",
+        timeout_s=60,
+        what="run end shown",
+    )
+    wait_js(
+        page,
+        "() => { const el = document.querySelector('.wb-live'); return el && el.textContent === 'not polling'; }",
+        timeout_s=30,
+        what="updater stopped",
+    )
     final = {name: page.evaluate(JS_TRACE_LEN, name) for name in ("replica 0", "replica 1", "replica 2", "faults")}
     page.keyboard.press("Control+s")
     saved = lab.root / notebook
@@ -190,7 +207,9 @@ def test_dashboard_live_kill_recovery_and_reload(lab, page, notebook):
         assert time.monotonic() < deadline, "the notebook was not saved"
         time.sleep(0.2)
     page.reload()
-    page.locator(".wb-loss-plot, .jp-OutputArea-output:has-text('Error displaying widget')").first.wait_for(timeout=120_000)
+    page.locator(".wb-loss-plot, .jp-OutputArea-output:has-text('Error displaying widget')").first.wait_for(
+        timeout=120_000
+    )
     errors = page.locator(".jp-OutputArea-output:has-text('Error displaying widget')")
     assert errors.count() == 0, f"after reload: {errors.first.inner_text()} (JupyterLab's restore from the kernel)"
     wait_js(page, f"() => ({JS_TRACE_LEN})('replica 0') > 0", timeout_s=60, what="plot after reload")

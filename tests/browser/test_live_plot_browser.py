@@ -39,8 +39,9 @@ def save_and_reload(page, lab, name: str) -> None:
         assert time.monotonic() < deadline, "the notebook was not saved"
         time.sleep(0.1)
     page.reload()
-    page.locator(".wb-loss-plot .js-plotly-plot, .jp-OutputArea-output:has-text('Error displaying widget')").first.wait_for(
-        timeout=60_000)
+    page.locator(
+        ".wb-loss-plot .js-plotly-plot, .jp-OutputArea-output:has-text('Error displaying widget')"
+    ).first.wait_for(timeout=60_000)
     errors = page.locator(".jp-OutputArea-output:has-text('Error displaying widget')")
     assert errors.count() == 0, errors.first.inner_text()
 
@@ -76,14 +77,20 @@ def test_live_plot_appends_and_comes_back_after_reloads(lab, page):
         # the run ends; a reload shows exactly what was written
         feeder.end()
         final = feeder.step
-        wait_js(page, "() => { const el = document.querySelector('.wb-live'); return el && el.textContent === 'not polling'; }",
-                timeout_s=30, what="updater stopped")
+        wait_js(
+            page,
+            "() => { const el = document.querySelector('.wb-live'); return el && el.textContent === 'not polling'; }",
+            timeout_s=30,
+            what="updater stopped",
+        )
         wait_points(page, final, "final points")
         save_and_reload(page, lab, "live.ipynb")
         wait_points(page, final, "points after the run ended and a reload")
         assert points(page) == final and points(page, "replica 1") == final
         # the wall-clock plots too (as an Output, this one came up blank here after such a reload)
-        wait_js(page, f"() => ({JS_CLOCK_POINTS})('quorum size') > 0", timeout_s=30, what="wall-clock plot after reload")
+        wait_js(
+            page, f"() => ({JS_CLOCK_POINTS})('quorum size') > 0", timeout_s=30, what="wall-clock plot after reload"
+        )
         wait_js(page, JS_PLOTS_FILL, timeout_s=10, what="plots as wide as their box after a reload")
         shot(page, "live-plot-after-reload.png")
     finally:

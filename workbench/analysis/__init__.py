@@ -33,8 +33,23 @@ from workbench.analysis.summary import counts, summary, survivor_steps
 from workbench.analysis.useful import UsefulSteps, decided
 
 __all__ = [
-    "BADPUT_PARTS", "BADPUT_TYPES", "MILESTONES", "STEP_COLUMNS", "StepColumns", "UsefulSteps", "badput_by_type",
-    "badput_vocabularies", "counts", "decided", "ends_process", "goodput", "goodput_figure",
-    "max_committed_step", "metrics_frame", "recovery_timeline", "summary", "survivor_steps", "timeline_figure",
+    "BADPUT_PARTS",
+    "BADPUT_TYPES",
+    "MILESTONES",
+    "STEP_COLUMNS",
+    "StepColumns",
+    "UsefulSteps",
+    "badput_by_type",
+    "badput_vocabularies",
+    "counts",
+    "decided",
+    "ends_process",
+    "goodput",
+    "goodput_figure",
+    "max_committed_step",
+    "metrics_frame",
+    "recovery_timeline",
+    "summary",
+    "survivor_steps",
+    "timeline_figure",
 ]
-

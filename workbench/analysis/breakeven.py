@@ -103,7 +103,9 @@ def throughput(events: list[dict], spec) -> dict:
 def replica_faults(events: list[dict]) -> list[dict]:
     """Faults that took a replica group or rank down (the kinds that end a process)."""
     ending = faultkinds.ending_kinds()
-    return [e for e in events if e.get("kind") == "fault" and isinstance(e.get("target"), int) and e.get("action") in ending]
+    return [
+        e for e in events if e.get("kind") == "fault" and isinstance(e.get("target"), int) and e.get("action") in ending
+    ]
 
 
 def restart_seconds(events: list[dict]) -> list[float]:
@@ -180,13 +182,19 @@ def crossing_mtbf(re: float, le: float, rr: float, lr: float) -> Optional[float]
     return float(m) if m > 0 else None
 
 
-def breakeven(elastic_run: Any, restart_run: Any, elastic_fault_free: Any = None, restart_fault_free: Any = None) -> dict:
+def breakeven(
+    elastic_run: Any, restart_run: Any, elastic_fault_free: Any = None, restart_fault_free: Any = None
+) -> dict:
     """Each argument a ``Run`` or ``(events, spec)``; faulted runs required, fault-free ones optional."""
     e = fault_cost(elastic_run, elastic_fault_free)
     r = fault_cost(restart_run, restart_fault_free)
     m = crossing_mtbf(e["rate_samples_per_s"], e["lost_per_fault_s"], r["rate_samples_per_s"], r["lost_per_fault_s"])
     if m is None:
-        wins = "always" if e["lost_per_fault_s"] <= r["lost_per_fault_s"] and e["rate_samples_per_s"] >= r["rate_samples_per_s"] else "never"
+        wins = (
+            "always"
+            if e["lost_per_fault_s"] <= r["lost_per_fault_s"] and e["rate_samples_per_s"] >= r["rate_samples_per_s"]
+            else "never"
+        )
     else:
         wins = "below" if e["rate_samples_per_s"] < r["rate_samples_per_s"] else "above"
     return {
@@ -208,15 +216,30 @@ def breakeven_figure(result: dict):
     x = np.geomspace(lo, hi, 400)
     fig = go.Figure()
     for k, name in ((e, f"elastic ({e['trainer']})"), (r, f"checkpoint-restart ({r['trainer']})")):
-        fig.add_scatter(x=x, y=useful_rate(k["rate_samples_per_s"], k["lost_per_fault_s"], x), mode="lines",
-                        name=f"{name}: R={k['rate_samples_per_s']:.0f}/s, L={k['lost_per_fault_s']:.1f} s/fault")
+        fig.add_scatter(
+            x=x,
+            y=useful_rate(k["rate_samples_per_s"], k["lost_per_fault_s"], x),
+            mode="lines",
+            name=f"{name}: R={k['rate_samples_per_s']:.0f}/s, L={k['lost_per_fault_s']:.1f} s/fault",
+        )
     if m is not None:
         y = float(useful_rate(e["rate_samples_per_s"], e["lost_per_fault_s"], m))
-        fig.add_scatter(x=[m], y=[y], mode="markers+text", marker=dict(size=11, symbol="x"), name="break-even",
-                        text=[f"MTBF {m:.0f} s"], textposition="bottom right")
+        fig.add_scatter(
+            x=[m],
+            y=[y],
+            mode="markers+text",
+            marker=dict(size=11, symbol="x"),
+            name="break-even",
+            text=[f"MTBF {m:.0f} s"],
+            textposition="bottom right",
+        )
         fig.add_vline(x=m, line_dash="dot")
     fig.update_layout(
-        title="Useful throughput vs mean time between failures", xaxis_type="log",
-        xaxis_title="MTBF (s)", yaxis_title="useful samples/s", legend_orientation="h", height=420,
+        title="Useful throughput vs mean time between failures",
+        xaxis_type="log",
+        xaxis_title="MTBF (s)",
+        yaxis_title="useful samples/s",
+        legend_orientation="h",
+        height=420,
     )
     return fig

@@ -46,8 +46,15 @@ from workbench.run.handle import Run, attach
 
 RunLike = Union[Run, str, os.PathLike]
 METRICS = ("final_loss", "diverged_at", "steps_per_s", "goodput", "survivor_stall_s", "kill_to_rejoin_s")
-SUMMARY_KEYS = ("steps_completed", "faults", "restarts", "heals", "survivor_steps_lost", "survivor_stall_s",
-                "kill_to_rejoin_s")
+SUMMARY_KEYS = (
+    "steps_completed",
+    "faults",
+    "restarts",
+    "heals",
+    "survivor_steps_lost",
+    "survivor_stall_s",
+    "kill_to_rejoin_s",
+)
 SUMMARY_COLUMNS = {"faults": "faults_injected", "steps_completed": "steps"}
 
 
@@ -69,9 +76,15 @@ def committed_losses(events: list[dict]) -> pd.DataFrame:
 
 def diverged_at(events: list[dict]) -> Optional[int]:
     """The first committed, participating step whose loss was written as NaN or infinite."""
-    bad = [e.get("step") for e in events if e.get("kind") == "step" and e.get("committed")
-           and e.get("participating", True) is not False and isinstance(e.get("loss"), float)
-           and not np.isfinite(e["loss"])]
+    bad = [
+        e.get("step")
+        for e in events
+        if e.get("kind") == "step"
+        and e.get("committed")
+        and e.get("participating", True) is not False
+        and isinstance(e.get("loss"), float)
+        and not np.isfinite(e["loss"])
+    ]
     return min((s for s in bad if isinstance(s, int)), default=None)
 
 
@@ -109,8 +122,10 @@ def run_figures(run: Run) -> dict:
     summary = analysis.summary(events, run.spec, timeline)
     diverged = diverged_at(judged)
     row: dict[str, Any] = {
-        "run_id": run.id, "state": summary["state"],
-        "final_loss": float("nan") if diverged is not None else final_loss(curve), "diverged_at": diverged,
+        "run_id": run.id,
+        "state": summary["state"],
+        "final_loss": float("nan") if diverged is not None else final_loss(curve),
+        "diverged_at": diverged,
         "steps_per_s": steps_per_s(curve),
     }
     if hasattr(analysis, "goodput"):
@@ -135,8 +150,11 @@ def participants_at_first_fault(events: list[dict]) -> Optional[int]:
     return max(before, key=lambda e: e["t"]).get("participants") if before else None
 
 
-def table(runs: Sequence[Optional[RunLike]], params: Optional[Sequence[Mapping[str, Any]]] = None,
-          labels: Optional[Sequence[str]] = None) -> pd.DataFrame:
+def table(
+    runs: Sequence[Optional[RunLike]],
+    params: Optional[Sequence[Mapping[str, Any]]] = None,
+    labels: Optional[Sequence[str]] = None,
+) -> pd.DataFrame:
     """One row per run: its parameters (``params[i]``), label, and figures.
 
     A ``None`` in ``runs`` (a sweep point not submitted yet) gives a row of
@@ -172,6 +190,7 @@ def _param_keys(params: Optional[Sequence[Mapping[str, Any]]]) -> list[str]:
 
 # -- faults --------------------------------------------------------------------
 
+
 def fault_steps(run: RunLike) -> pd.DataFrame:
     """The run's faults with the step they hit: the highest committed step when each fired.
 
@@ -188,8 +207,16 @@ def fault_steps(run: RunLike) -> pd.DataFrame:
         if f.get("kind") != "fault" or f.get("action") == "resume":
             continue
         step = max((e.get("step", 0) for e in committed if e["t"] <= f["t"]), default=0)
-        rows.append({"action": f.get("action"), "target": f.get("target"), "origin": f.get("origin"),
-                     "step": step, "t_s": f["t"] - t0 if t0 is not None else None, "seconds": f.get("seconds")})
+        rows.append(
+            {
+                "action": f.get("action"),
+                "target": f.get("target"),
+                "origin": f.get("origin"),
+                "step": step,
+                "t_s": f["t"] - t0 if t0 is not None else None,
+                "seconds": f.get("seconds"),
+            }
+        )
     return pd.DataFrame(rows, columns=["action", "target", "origin", "step", "t_s", "seconds"])
 
 
@@ -202,6 +229,7 @@ def faults_side_by_side(runs: Sequence[RunLike], labels: Optional[Sequence[str]]
 
 
 # -- figures -------------------------------------------------------------------
+
 
 def colors_for(values: Sequence[Any]) -> list[str]:
     """A colour per value: a Viridis scale for numbers, a qualitative palette otherwise."""
@@ -219,9 +247,14 @@ def colors_for(values: Sequence[Any]) -> list[str]:
     return [palette[distinct.index(repr(v)) % len(palette)] for v in vals]
 
 
-def loss_figure(runs: Sequence[RunLike], labels: Optional[Sequence[str]] = None,
-                color_values: Optional[Sequence[Any]] = None, color_by: Optional[str] = None,
-                x: str = "step", title: str = "loss") -> go.Figure:
+def loss_figure(
+    runs: Sequence[RunLike],
+    labels: Optional[Sequence[str]] = None,
+    color_values: Optional[Sequence[Any]] = None,
+    color_by: Optional[str] = None,
+    x: str = "step",
+    title: str = "loss",
+) -> go.Figure:
     """Overlay of the runs' loss curves (mean over replica groups per committed step).
 
     ``color_values`` (one per run) colour the curves by a parameter;
@@ -236,21 +269,44 @@ def loss_figure(runs: Sequence[RunLike], labels: Optional[Sequence[str]] = None,
         run.refresh()
         curve = committed_losses(decided(run.events_read))
         xs = curve["step"] if x == "step" else curve["t"] - (curve["t"].min() if len(curve) else 0.0)
-        fig.add_scatter(x=xs, y=curve["loss"], mode="lines", name=label, line=dict(color=colors[i], width=1.6),
-                        hovertemplate=f"{label}<br>{x} %{{x}}<br>loss %{{y:.4f}}<extra></extra>")
+        fig.add_scatter(
+            x=xs,
+            y=curve["loss"],
+            mode="lines",
+            name=label,
+            line=dict(color=colors[i], width=1.6),
+            hovertemplate=f"{label}<br>{x} %{{x}}<br>loss %{{y:.4f}}<extra></extra>",
+        )
         faults = fault_steps(run)
         if not faults.empty and not curve.empty:
             fx = faults["step"] if x == "step" else faults["t_s"]
             fy = np.interp(faults["step"], curve["step"], curve["loss"])
-            fig.add_scatter(x=fx, y=fy, mode="markers", showlegend=False, name=f"{label} faults",
-                            marker=dict(symbol="x", size=11, color=colors[i], line=dict(width=1, color="#7f0000")),
-                            text=[f"{a} r{t} ({o})" for a, t, o in zip(faults["action"], faults["target"], faults["origin"])],
-                            hovertemplate=f"{label}<br>%{{text}}<br>step %{{x}}<extra></extra>")
+            fig.add_scatter(
+                x=fx,
+                y=fy,
+                mode="markers",
+                showlegend=False,
+                name=f"{label} faults",
+                marker=dict(symbol="x", size=11, color=colors[i], line=dict(width=1, color="#7f0000")),
+                text=[f"{a} r{t} ({o})" for a, t, o in zip(faults["action"], faults["target"], faults["origin"])],
+                hovertemplate=f"{label}<br>%{{text}}<br>step %{{x}}<extra></extra>",
+            )
     # the legend above the plot, across: a column of run labels beside it would take a projector's width
-    fig.update_layout(title=title, xaxis_title="step" if x == "step" else "seconds since first committed step",
-                      yaxis_title="loss", height=400, margin=dict(t=110),
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left",
-                                  title_text=(color_by or "").rsplit(".", 1)[-1]))
+    fig.update_layout(
+        title=title,
+        xaxis_title="step" if x == "step" else "seconds since first committed step",
+        yaxis_title="loss",
+        height=400,
+        margin=dict(t=110),
+        legend=dict(
+            orientation="h",
+            y=1.02,
+            yanchor="bottom",
+            x=0,
+            xanchor="left",
+            title_text=(color_by or "").rsplit(".", 1)[-1],
+        ),
+    )
     return readable(fig)
 
 
@@ -259,17 +315,30 @@ def metrics_figure(df: pd.DataFrame, x: str, metrics: Sequence[str] = METRICS) -
     metrics = [m for m in metrics if m in df and df[m].notna().any()]
     cols = max(1, min(3, len(metrics)))  # three panels across at most: each keeps a readable width on a projector
     rows = max(1, -(-len(metrics) // cols))
-    fig = make_subplots(rows=rows, cols=cols, subplot_titles=[m.replace("_", " ") for m in metrics],
-                        vertical_spacing=0.2 if rows > 1 else 0.1)
+    fig = make_subplots(
+        rows=rows,
+        cols=cols,
+        subplot_titles=[m.replace("_", " ") for m in metrics],
+        vertical_spacing=0.2 if rows > 1 else 0.1,
+    )
     state_colors = {"completed": "#1e88e5", "failed": "#e53935", "stopped": "#757575"}
     xs = df[x].map(lambda v: v if isinstance(v, (int, float)) else repr(v))
     label = x.rsplit(".", 1)[-1]
     for j, m in enumerate(metrics):
         row, col = divmod(j, cols)
-        fig.add_scatter(x=xs, y=df[m], mode="markers+lines", row=row + 1, col=col + 1, showlegend=False, name=m,
-                        line=dict(color="#90a4ae", width=1),
-                        marker=dict(size=10, color=[state_colors.get(s, "#ffb300") for s in df.get("state", [])]),
-                        text=df.get("run_id"), hovertemplate=f"{x}=%{{x}}<br>{m}=%{{y:.4g}}<br>%{{text}}<extra></extra>")
+        fig.add_scatter(
+            x=xs,
+            y=df[m],
+            mode="markers+lines",
+            row=row + 1,
+            col=col + 1,
+            showlegend=False,
+            name=m,
+            line=dict(color="#90a4ae", width=1),
+            marker=dict(size=10, color=[state_colors.get(s, "#ffb300") for s in df.get("state", [])]),
+            text=df.get("run_id"),
+            hovertemplate=f"{x}=%{{x}}<br>{m}=%{{y:.4g}}<br>%{{text}}<extra></extra>",
+        )
         fig.update_xaxes(title_text=label, row=row + 1, col=col + 1)
         if pd.api.types.is_numeric_dtype(df[x]) and df[x].min() > 0 and df[x].max() / df[x].min() >= 10:
             fig.update_xaxes(type="log", row=row + 1, col=col + 1)
@@ -281,13 +350,20 @@ def stall_figure(table: pd.DataFrame, key: str, unit_s: float = 0.001, label: Op
     """Survivor stall against the swept ``key`` (notebook 04: the heartbeat timeout), with the line
     stall = key for reference; ``unit_s`` is the seconds one unit of ``key`` is (ms: 0.001)."""
     fig = go.Figure()
-    fig.add_scatter(x=table[key], y=table["survivor_stall_s"], mode="markers+lines", name="survivor stall",
-                    marker=dict(size=11))
+    fig.add_scatter(
+        x=table[key], y=table["survivor_stall_s"], mode="markers+lines", name="survivor stall", marker=dict(size=11)
+    )
     top = float(pd.to_numeric(table[key], errors="coerce").max() or 0)
-    fig.add_scatter(x=[0, top], y=[0, top * unit_s], mode="lines", name="stall = timeout",
-                    line=dict(dash="dash", color="gray"))
-    fig.update_layout(xaxis_title=label or key, yaxis_title="survivor stall (s)", height=400, margin=dict(t=100),
-                      legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left"))
+    fig.add_scatter(
+        x=[0, top], y=[0, top * unit_s], mode="lines", name="stall = timeout", line=dict(dash="dash", color="gray")
+    )
+    fig.update_layout(
+        xaxis_title=label or key,
+        yaxis_title="survivor stall (s)",
+        height=400,
+        margin=dict(t=100),
+        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=0, xanchor="left"),
+    )
     return readable(fig)
 
 
@@ -302,8 +378,9 @@ def parallel_figure(df: pd.DataFrame, columns: Sequence[str], color: Optional[st
             dims.append(dict(label=c, values=s.astype(float)))
         else:
             cats = list(dict.fromkeys(map(repr, s)))
-            dims.append(dict(label=c, values=[cats.index(repr(v)) for v in s],
-                             tickvals=list(range(len(cats))), ticktext=cats))
+            dims.append(
+                dict(label=c, values=[cats.index(repr(v)) for v in s], tickvals=list(range(len(cats))), ticktext=cats)
+            )
     line = {}
     if color and color in df and pd.api.types.is_numeric_dtype(df[color]) and df[color].notna().any():
         line = dict(color=df[color].astype(float), colorscale="Viridis", showscale=True)
@@ -312,17 +389,23 @@ def parallel_figure(df: pd.DataFrame, columns: Sequence[str], color: Optional[st
     return fig
 
 
-def comparison_figures(runs: Sequence[RunLike], labels: Optional[Sequence[str]] = None,
-                       params: Optional[Sequence[Mapping[str, Any]]] = None,
-                       color_by: Optional[str] = None) -> list[go.Figure]:
+def comparison_figures(
+    runs: Sequence[RunLike],
+    labels: Optional[Sequence[str]] = None,
+    params: Optional[Sequence[Mapping[str, Any]]] = None,
+    color_by: Optional[str] = None,
+) -> list[go.Figure]:
     """Loss overlay, then (with ``params``) small multiples against ``color_by`` and parallel coordinates."""
     runs = [as_run(r) for r in runs]
     keys = _param_keys(params)
     color_by = color_by or (keys[0] if keys else None)
     values = [p.get(color_by) for p in params] if params is not None and color_by else None
     if labels is None:
-        labels = [", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in p.items()) or r.id
-                  for r, p in zip(runs, params)] if params is not None else [r.id for r in runs]
+        labels = (
+            [", ".join(f"{k.rsplit('.', 1)[-1]}={v}" for k, v in p.items()) or r.id for r, p in zip(runs, params)]
+            if params is not None
+            else [r.id for r in runs]
+        )
     figs = [loss_figure(runs, labels=labels, color_values=values, color_by=color_by)]
     if params is not None and color_by:
         df = table(runs, params=params)
@@ -375,11 +458,35 @@ def runs_listing(run_root: Union[str, os.PathLike]) -> pd.DataFrame:
             continue
         created = run.record.get("created")
         age = (now - _dt.datetime.fromisoformat(created)).total_seconds() if created else None
-        rows.append({"run_id": run.id, "state": st["state"], "trainer": st["trainer"], "cluster": st["cluster"],
-                     "step": st["step"], "steps_target": st["steps_target"], "faults": st["faults"],
-                     "restarts": st["restarts"], "age_s": age, "run_dir": str(run.run_dir)})
-    return pd.DataFrame(rows, columns=["run_id", "state", "trainer", "cluster", "step", "steps_target", "faults",
-                                       "restarts", "age_s", "run_dir"])
+        rows.append(
+            {
+                "run_id": run.id,
+                "state": st["state"],
+                "trainer": st["trainer"],
+                "cluster": st["cluster"],
+                "step": st["step"],
+                "steps_target": st["steps_target"],
+                "faults": st["faults"],
+                "restarts": st["restarts"],
+                "age_s": age,
+                "run_dir": str(run.run_dir),
+            }
+        )
+    return pd.DataFrame(
+        rows,
+        columns=[
+            "run_id",
+            "state",
+            "trainer",
+            "cluster",
+            "step",
+            "steps_target",
+            "faults",
+            "restarts",
+            "age_s",
+            "run_dir",
+        ],
+    )
 
 
 def sweep_report_html(sweep: Any) -> str:
@@ -399,5 +506,8 @@ def sweep_report_html(sweep: Any) -> str:
     for i, fig in enumerate(sweep_report_figures(sweep)):
         parts.append(pio.to_html(fig, include_plotlyjs="inline" if i == 0 else False, full_html=False))
     parts.append("<h2>Base spec</h2><pre>" + html.escape(json.dumps(sweep.record["base"], indent=2)) + "</pre>")
-    return ("<!doctype html><html><head><meta charset='utf-8'><title>workbench sweep report</title></head><body>"
-            + "\n".join(parts) + "</body></html>")
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>workbench sweep report</title></head><body>"
+        + "\n".join(parts)
+        + "</body></html>"
+    )

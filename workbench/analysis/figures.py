@@ -30,7 +30,9 @@ def timeline_figure(timeline: pd.DataFrame):
     import plotly.graph_objects as go
 
     fig = go.Figure()
-    labels = [f"#{i} {r.action} r{r.target} @{r.t - timeline['t'].min():.0f}s" for i, r in enumerate(timeline.itertuples())]
+    labels = [
+        f"#{i} {r.action} r{r.target} @{r.t - timeline['t'].min():.0f}s" for i, r in enumerate(timeline.itertuples())
+    ]
     prev = np.zeros(len(timeline))
     for name in MILESTONES:
         ends = timeline[name].to_numpy(dtype=float)
@@ -41,11 +43,15 @@ def timeline_figure(timeline: pd.DataFrame):
     # notebook beside JupyterLab's file browser on a 1024 px projector wraps it; plotly then takes the
     # extra rows from the plot area, measured: 96 px left of 160 with b=120, 148 with b=190)
     margin = dict(l=150, r=20, t=50, b=210)
-    fig.update_layout(barmode="overlay", xaxis_title="seconds after the fault", title="Recovery timeline",
-                      height=margin["t"] + margin["b"] + max(PLOT_MIN_PX, ROW_PX * len(timeline)), margin=margin,
-                      legend=dict(orientation="h", y=-0.35 * PLOT_MIN_PX / max(PLOT_MIN_PX, ROW_PX * len(timeline)),
-                                  yanchor="top"),
-                      yaxis=dict(autorange="reversed"))
+    fig.update_layout(
+        barmode="overlay",
+        xaxis_title="seconds after the fault",
+        title="Recovery timeline",
+        height=margin["t"] + margin["b"] + max(PLOT_MIN_PX, ROW_PX * len(timeline)),
+        margin=margin,
+        legend=dict(orientation="h", y=-0.35 * PLOT_MIN_PX / max(PLOT_MIN_PX, ROW_PX * len(timeline)), yanchor="top"),
+        yaxis=dict(autorange="reversed"),
+    )
     return readable(fig)
 
 
@@ -57,7 +63,10 @@ def goodput_figure(g: dict):
     fig = go.Figure(go.Bar(x=list(parts.values()), y=list(parts.keys()), orientation="h"))
     fig.update_layout(
         title=f"Badput: {g['lost_s']:.1f} s of full-rate work lost of {g['T_s']:.0f} s (goodput {g['goodput']:.3f})"
-        if g.get("goodput") else "Badput", xaxis_title="full-rate seconds",
-        height=60 + 60 + max(PLOT_MIN_PX, ROW_PX * len(parts)), margin=dict(t=60, b=60),
+        if g.get("goodput")
+        else "Badput",
+        xaxis_title="full-rate seconds",
+        height=60 + 60 + max(PLOT_MIN_PX, ROW_PX * len(parts)),
+        margin=dict(t=60, b=60),
     )
     return readable(fig)

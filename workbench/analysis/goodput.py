@@ -7,11 +7,11 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from workbench.faults import kinds as faultkinds
-from workbench.trainers import trainer_kind
 from workbench.analysis.metrics import metrics_frame
 from workbench.analysis.recovery import recovery_timeline
 from workbench.analysis.useful import decided
+from workbench.faults import kinds as faultkinds
+from workbench.trainers import trainer_kind
 
 BADPUT_PARTS = ("stall", "discarded", "heal", "missing", "restart", "startup", "checkpoint", "other")
 
@@ -46,8 +46,14 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
     """
     events = decided(events)
     df = metrics_frame(events)
-    empty = {"goodput": None, "rate_samples_per_s": None, "lost_s": None, "T_s": None,
-             "badput_s": {k: 0.0 for k in BADPUT_PARTS}, "productive_s": None}
+    empty = {
+        "goodput": None,
+        "rate_samples_per_s": None,
+        "lost_s": None,
+        "T_s": None,
+        "badput_s": {k: 0.0 for k in BADPUT_PARTS},
+        "productive_s": None,
+    }
     if df.empty or not df["committed"].astype(bool).any():
         return empty
     df["committed"] = df["committed"].astype(bool)
@@ -79,7 +85,11 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
         if not isinstance(e.get("target"), int):
             dirty |= (edges[1:] > e["t"]) & (edges[:-1] < e["t"] + 30.0)
     clean = ~dirty
-    R = float(counts[clean].sum()) * batch / (clean.sum() * width) if clean.any() else float(np.median(counts)) * batch / width
+    R = (
+        float(counts[clean].sum()) * batch / (clean.sum() * width)
+        if clean.any()
+        else float(np.median(counts)) * batch / width
+    )
     W = len(good) * batch
     n = trainer_kind(spec.trainer).step_writers(spec)
     normal = n * batch / R if R > 0 else median_step
@@ -91,7 +101,11 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
 
     parts = {k: 0.0 for k in BADPUT_PARTS}
     productive = 0.0
-    starts = {(e.get("replica"), e.get("attempt", 0)): e["t"] for e in events if e.get("kind") == "start" and e.get("replica") is not None}
+    starts = {
+        (e.get("replica"), e.get("attempt", 0)): e["t"]
+        for e in events
+        if e.get("kind") == "start" and e.get("replica") is not None
+    }
     ending_faults: dict = {}
     for e in faults:
         kind = faultkinds.kind(e.get("action"))
@@ -102,8 +116,11 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
         committed, participating = g["committed"].to_numpy(), g["participating"].to_numpy()
         # After a fault at f, a step until f + stall_window is near it; the latest fault before t decides.
         latest = np.searchsorted(fault_ts, ts, side="right") - 1
-        near_fault = (latest >= 0) & (ts <= fault_ts[np.maximum(latest, 0)] + stall_window) if fault_ts.size else \
-            np.zeros(len(ts), dtype=bool)
+        near_fault = (
+            (latest >= 0) & (ts <= fault_ts[np.maximum(latest, 0)] + stall_window)
+            if fault_ts.size
+            else np.zeros(len(ts), dtype=bool)
+        )
         ended = sorted(ending_faults.get(r, []))
         prev_t, prev_attempt = None, None
         for i, t in enumerate(ts):

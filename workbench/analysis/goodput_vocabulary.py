@@ -50,9 +50,13 @@ def badput_vocabularies(result: dict) -> pd.DataFrame:
     """One row per workbench cause: ``cause``, ``badput_type``, ``seconds`` (full-rate seconds, as
     ``goodput()["badput_s"]``) and ``share`` of the total badput."""
     badput = result.get("badput_s") or {}
-    df = pd.DataFrame({"cause": list(BADPUT_PARTS),
-                       "badput_type": [CAUSE_TO_BADPUT_TYPE[c] for c in BADPUT_PARTS],
-                       "seconds": [float(badput.get(c, 0.0)) for c in BADPUT_PARTS]})
+    df = pd.DataFrame(
+        {
+            "cause": list(BADPUT_PARTS),
+            "badput_type": [CAUSE_TO_BADPUT_TYPE[c] for c in BADPUT_PARTS],
+            "seconds": [float(badput.get(c, 0.0)) for c in BADPUT_PARTS],
+        }
+    )
     total = df["seconds"].sum()
     df["share"] = df["seconds"] / total if total else 0.0
     return df

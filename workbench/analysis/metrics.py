@@ -54,8 +54,18 @@ import pandas as pd
 from workbench.events.log import EVENTS_DIR, new_lines
 
 STEP_COLUMNS = [
-    "t", "replica", "attempt", "step", "loss", "committed", "participating", "participants",
-    "quorum_id", "step_time_s", "tokens_per_s", "weights",
+    "t",
+    "replica",
+    "attempt",
+    "step",
+    "loss",
+    "committed",
+    "participating",
+    "participants",
+    "quorum_id",
+    "step_time_s",
+    "tokens_per_s",
+    "weights",
 ]
 _DROPPED = ("kind", "run", "host", "pid")
 
@@ -80,7 +90,8 @@ def _arrange(df: pd.DataFrame, in_t_order: bool = False) -> pd.DataFrame:
 
 def max_committed_step(events: list[dict], replica: Optional[int] = None) -> int:
     steps = [
-        e.get("step", 0) for e in events
+        e.get("step", 0)
+        for e in events
         if e.get("kind") == "step" and e.get("committed") and (replica is None or e.get("replica") == replica)
     ]
     return max(steps, default=0)
@@ -187,7 +198,9 @@ class StepColumns:
         if not candidate:
             return None
         try:
-            return _arrow_chunk(candidate, lines if mostly_steps else candidate.count(b"\n"), only_steps=not mostly_steps)
+            return _arrow_chunk(
+                candidate, lines if mostly_steps else candidate.count(b"\n"), only_steps=not mostly_steps
+            )
         except (ValueError, TypeError, KeyError):  # pyarrow.ArrowInvalid is a ValueError
             pass
         if mostly_steps:

@@ -65,12 +65,23 @@ from typing import Callable, Iterator, Optional
 import numpy as np
 import pandas as pd
 
-from workbench.faults import kinds as faultkinds
 from workbench.analysis.useful import decided
+from workbench.faults import kinds as faultkinds
 
 MILESTONES = ("detected", "quorum_without_victim", "replacement_started", "imports_done", "heal_done", "participating")
-COLUMNS = ["t", "action", "target", "origin", *MILESTONES, "heal_seconds", "heal_bytes", "steps_lost", "from_scratch",
-           "complete", "survivor_stall_s"]
+COLUMNS = [
+    "t",
+    "action",
+    "target",
+    "origin",
+    *MILESTONES,
+    "heal_seconds",
+    "heal_bytes",
+    "steps_lost",
+    "from_scratch",
+    "complete",
+    "survivor_stall_s",
+]
 
 NAN = float("nan")
 
@@ -105,7 +116,8 @@ class _Survivor:
     def __init__(self, steps: list[dict]) -> None:
         self.t = np.array([e["t"] for e in steps], dtype=float)
         self.participants = np.array(
-            [np.nan if e.get("participants") is None else e["participants"] for e in steps], dtype=float)
+            [np.nan if e.get("participants") is None else e["participants"] for e in steps], dtype=float
+        )
         self.normal = float(np.median(np.diff(self.t))) if len(self.t) > 2 else 0.0
         self._below: dict[float, np.ndarray] = {}
 
@@ -129,7 +141,7 @@ class _Survivor:
             return None
         end = self.first_with_fewer(i, self.participants[i - 1])
         end = min(len(self.t) - 1, i + 3) if end is None else end
-        return float(np.diff(self.t[i - 1:end + 1]).max()) - self.normal
+        return float(np.diff(self.t[i - 1 : end + 1]).max()) - self.normal
 
 
 class _Log:
@@ -163,8 +175,10 @@ class _Log:
                 resumes[e.get("target")].append(e)
         self.resumes_by_target = {k: _Series(v) for k, v in resumes.items()}
         self.victims = {e.get("target") for e in faults if isinstance(e.get("target"), int)}
-        self.survivors = {r: _Survivor(self.committed_by_replica[r].events)
-                          for r in sorted(set(committed) - self.victims - relaunched)}
+        self.survivors = {
+            r: _Survivor(self.committed_by_replica[r].events)
+            for r in sorted(set(committed) - self.victims - relaunched)
+        }
         self._cummax: dict = {}
 
     def kind(self, kind: str) -> _Series:
@@ -182,15 +196,21 @@ class _Log:
         steps = self.of(replica, "step")
         i = bisect.bisect_right(steps.ts, t)
         if replica not in self._cummax:
-            self._cummax[replica] = list(itertools.accumulate(
-                (e.get("step", 0) if e.get("committed") else 0 for e in steps.events), max, initial=0))
+            self._cummax[replica] = list(
+                itertools.accumulate(
+                    (e.get("step", 0) if e.get("committed") else 0 for e in steps.events), max, initial=0
+                )
+            )
         return (steps.events[i - 1] if i else None), self._cummax[replica][i]
 
     def undecided_of(self, replica, attempt: int, t: float) -> int:
         """Inner steps of a semi-synchronous attempt, up to ``t``, that no sync decided: lost with its process."""
         steps = self.of(replica, "step")
-        return sum(1 for e in steps.events[:bisect.bisect_right(steps.ts, t)]
-                   if e.get("undecided") and e.get("attempt", 0) == attempt)
+        return sum(
+            1
+            for e in steps.events[: bisect.bisect_right(steps.ts, t)]
+            if e.get("undecided") and e.get("attempt", 0) == attempt
+        )
 
     def newest_start_until(self, replica, t: float) -> int:
         starts = self.of(replica, "start")
@@ -209,8 +229,9 @@ def _first_from_others(series: _Series, tf: float, victim) -> Optional[dict]:
 def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
     tf, victim = f["t"], f["target"]
     last_step, last_before = log.steps_until(victim, tf)
-    attempt0 = max(last_step.get("attempt", 0) if last_step else 0, log.newest_start_until(victim, tf),
-                   f.get("attempt") or 0)
+    attempt0 = max(
+        last_step.get("attempt", 0) if last_step else 0, log.newest_start_until(victim, tf), f.get("attempt") or 0
+    )
     row = {"t": tf, "action": f["action"], "target": victim, "origin": f.get("origin")}
     quorum = _first_from_others(log.kind("quorum"), tf, victim)
     vote = _first_from_others(log.failed_commits, tf, victim)
@@ -219,7 +240,8 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
     same_process = not kind.ends_process
     if same_process:
         resumed = log.resumes_by_target.get(victim, _EMPTY).first_after(
-            tf, lambda e: e.get("resumed") in (None, kind.name))
+            tf, lambda e: e.get("resumed") in (None, kind.name)
+        )
         row["replacement_started"] = row["imports_done"] = _since(resumed, tf)
         new_attempt: Callable[[dict], bool] = lambda e: True  # noqa: E731 - the same process carries on
         if kind.impairs:  # it stepped on while impaired: what counts is after the undo
@@ -228,8 +250,9 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
     else:
         new_attempt = lambda e: e.get("attempt", 0) > attempt0  # noqa: E731
         row["replacement_started"] = _since(log.of(victim, "start").first_after(tf, new_attempt), tf)
-        row["imports_done"] = _since(log.of(victim, "phase").first_after(
-            tf, lambda e: e.get("phase") == "imports_done" and new_attempt(e)), tf)
+        row["imports_done"] = _since(
+            log.of(victim, "phase").first_after(tf, lambda e: e.get("phase") == "imports_done" and new_attempt(e)), tf
+        )
     heal = log.of(victim, "heal").first_after(tf, new_attempt)
     restored = log.of(victim, "phase").first_after(tf, lambda e: e.get("phase") == "restored" and new_attempt(e))
     row["heal_done"] = _since(heal or restored, tf)
@@ -242,8 +265,11 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
     steps = log.of(victim, "step")
     back = steps.first_after(tf, taking_part)
     row["participating"] = _since(
-        back if heal is None or back is None or back["t"] >= heal["t"]
-        else steps.first_after(tf, lambda e: taking_part(e) and e["t"] >= heal["t"]), tf)
+        back
+        if heal is None or back is None or back["t"] >= heal["t"]
+        else steps.first_after(tf, lambda e: taking_part(e) and e["t"] >= heal["t"]),
+        tf,
+    )
     if restored:
         row["steps_lost"] = max(0, last_before - int(restored.get("from_step") or 0))
     elif kind.ends_process and log.undecided_of(victim, attempt0, tf):
@@ -275,8 +301,17 @@ def _lighthouse_recovery(f: dict, log: _Log) -> dict:
     tf = f["t"]
     lighthouse = log.kind("lighthouse")
     row = dict.fromkeys(MILESTONES, NAN)
-    row.update(t=tf, action=f["action"], target="lighthouse", origin=f.get("origin"),
-               heal_seconds=None, heal_bytes=None, steps_lost=0, from_scratch=False, survivor_stall_s=None)
+    row.update(
+        t=tf,
+        action=f["action"],
+        target="lighthouse",
+        origin=f.get("origin"),
+        heal_seconds=None,
+        heal_bytes=None,
+        steps_lost=0,
+        from_scratch=False,
+        survivor_stall_s=None,
+    )
     row["detected"] = _since(lighthouse.first_after(tf, lambda e: e.get("state") == "down"), tf)
     row["replacement_started"] = _since(lighthouse.first_after(tf, lambda e: e.get("state") == "up"), tf)
     if not math.isnan(row["replacement_started"]):

@@ -129,7 +129,7 @@ def _encode(df: pd.DataFrame):
         dtype = col.dtype
         if isinstance(dtype, np.dtype) and dtype.kind in "iufb":
             arr, enc = pa.array(values), b"plain"
-        elif isinstance(dtype, np.dtype) and dtype == object:
+        elif isinstance(dtype, np.dtype) and dtype.kind == "O":
             arr, enc = _encode_objects(values)
         elif str(dtype) == "str":
             arr, enc = pa.array(values.astype(object), type=pa.string(), from_pandas=True), b"str"

@@ -29,10 +29,10 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from workbench.faults import kinds as faultkinds
 from workbench.analysis.metrics import max_committed_step, metrics_frame
 from workbench.analysis.recovery import ends_process, recovery_timeline
 from workbench.analysis.useful import decided
+from workbench.faults import kinds as faultkinds
 from workbench.state.fold import run_state_of
 
 
@@ -80,7 +80,7 @@ def summary(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
     members_after = None
     if not kills.empty:
         last_quorums = [e for e in events if e.get("kind") == "step" and e.get("committed")]
-        members_after = max((e.get("participants") or 0 for e in last_quorums[-3 * spec.replicas:]), default=None)
+        members_after = max((e.get("participants") or 0 for e in last_quorums[-3 * spec.replicas :]), default=None)
 
     def over_kills(col: str, how: str) -> Optional[float]:
         values = pd.to_numeric(kills[col], errors="coerce").dropna() if not kills.empty else kills
@@ -95,7 +95,9 @@ def summary(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
         **counts(events),
         "survivor_steps_lost": lost,
         "survivor_steps_discarded": discarded,
-        "steps_redone": int(pd.to_numeric(timeline["steps_lost"], errors="coerce").fillna(0).sum()) if len(timeline) else 0,
+        "steps_redone": int(pd.to_numeric(timeline["steps_lost"], errors="coerce").fillna(0).sum())
+        if len(timeline)
+        else 0,
         "survivor_stall_s": over_kills("survivor_stall_s", "max"),
         "kill_to_rejoin_s": over_kills("participating", "median"),
         "heal_seconds": over_kills("heal_seconds", "median"),

@@ -58,6 +58,10 @@ def decided(events: Iterable[dict]) -> list[dict]:
     for i in semi:
         e = out[i]
         after_last = i > last_sync.get((e.get("replica"), e.get("attempt")), -1)
-        out[i] = {**e, "committed": i in useful, "provisional_committed": e.get("committed"),
-                  **({"undecided": True} if after_last and e.get("inner") is not False else {})}
+        out[i] = {
+            **e,
+            "committed": i in useful,
+            "provisional_committed": e.get("committed"),
+            **({"undecided": True} if after_last and e.get("inner") is not False else {}),
+        }
     return out

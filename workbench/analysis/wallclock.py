@@ -42,8 +42,14 @@ from workbench.state.fold import RunState
 
 GRID_MIN_GROUPS = 9  # from this many groups the dashboard shows the compact grid instead of one tile each
 STATE_COLORS = {
-    "pending": "#9e9e9e", "starting": "#64b5f6", "participating": "#43a047", "healing": "#ffb300",
-    "hung": "#8e24aa", "dead": "#e53935", "finished": "#1e88e5", "stopped": "#757575",
+    "pending": "#9e9e9e",
+    "starting": "#64b5f6",
+    "participating": "#43a047",
+    "healing": "#ffb300",
+    "hung": "#8e24aa",
+    "dead": "#e53935",
+    "finished": "#1e88e5",
+    "stopped": "#757575",
 }
 
 
@@ -124,9 +130,14 @@ class Timeline:
                 where = f"replica {target}" if target is not None else (e.get("node") or e.get("target") or "run")
                 self.marks.append(Mark(t, "fault", f"{e.get('action')} {where} ({e.get('origin', '?')})", target))
             elif kind == "sync":
-                self.marks.append(Mark(t, "sync", f"sync {e.get('sync_index', '?')} ({e.get('algorithm', '?')}) "
-                                       f"{e.get('participants', '?')} groups"
-                                       + ("" if e.get("committed", True) else " not committed")))
+                self.marks.append(
+                    Mark(
+                        t,
+                        "sync",
+                        f"sync {e.get('sync_index', '?')} ({e.get('algorithm', '?')}) "
+                        f"{e.get('participants', '?')} groups" + ("" if e.get("committed", True) else " not committed"),
+                    )
+                )
         if t is None:
             if batch or self.run.t0 is None:
                 return
@@ -143,7 +154,7 @@ class Timeline:
 
     def _states(self, t: float, which: Optional[set] = None) -> None:
         replicas = self.run.replicas
-        for r in (replicas if which is None else (r for r in which if r in replicas)):
+        for r in replicas if which is None else (r for r in which if r in replicas):
             v = replicas[r]
             now = (v.state, v.attempt)
             before = self._seen.get(r)
@@ -201,8 +212,11 @@ class Timeline:
         """Dead (and hung) groups over time: (s since t0, dead, hung), cut at ``until``."""
         t0 = self.t0() or 0.0
         q = [x for x in self.queue if until is None or x[0] <= until]
-        return {"t": np.array([x[0] - t0 for x in q]), "dead": np.array([x[1] for x in q], dtype=np.int64),
-                "hung": np.array([x[2] for x in q], dtype=np.int64)}
+        return {
+            "t": np.array([x[0] - t0 for x in q]),
+            "dead": np.array([x[1] for x in q], dtype=np.int64),
+            "hung": np.array([x[2] for x in q], dtype=np.int64),
+        }
 
     def marks_until(self, until: Optional[float] = None, kind: str = "fault") -> list[Mark]:
         return [m for m in self.marks if m.kind == kind and (until is None or m.t <= until)]
@@ -220,8 +234,7 @@ class Timeline:
         mean = float((dead * np.diff(ts)).sum() / span) if span > 0 else float(dead[-1])
         half = ts[0] + span / 2
         first, second = _weighted(dead, ts, ts[0], half), _weighted(dead, ts, half, ts[-1])
-        return {"peak": int(dead.max()), "mean": mean, "at_end": int(q[-1][1]),
-                "kept_up": not (second > first + 1.0)}
+        return {"peak": int(dead.max()), "mean": mean, "at_end": int(q[-1][1]), "kept_up": not (second > first + 1.0)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -240,8 +253,14 @@ class Snapshot:
 class Replay:
     """The whole log folded once, event by event in time order, for the scrubber."""
 
-    def __init__(self, events: Iterable[dict], replicas: int, steps: int = 0, samples_per_step: int = 1,
-                 bin_s: Optional[float] = None) -> None:
+    def __init__(
+        self,
+        events: Iterable[dict],
+        replicas: int,
+        steps: int = 0,
+        samples_per_step: int = 1,
+        bin_s: Optional[float] = None,
+    ) -> None:
         ordered = sorted((e for e in events if _t(e) is not None), key=_t)
         self.run = RunState(replicas, steps)
         self.timeline = Timeline(self.run, samples_per_step)
@@ -257,8 +276,15 @@ class Replay:
         """The run as it stood at ``t`` (absolute event time; clipped to the log's span)."""
         t = min(max(float(t), self.start), self.end)
         tl = self.timeline
-        return Snapshot(t, tl.cells_at(t), tl.quorum_series(t), tl.throughput(self.bin_s, until=t),
-                        tl.queue_series(t), tl.marks_until(t, "fault"), tl.marks_until(t, "sync"))
+        return Snapshot(
+            t,
+            tl.cells_at(t),
+            tl.quorum_series(t),
+            tl.throughput(self.bin_s, until=t),
+            tl.queue_series(t),
+            tl.marks_until(t, "fault"),
+            tl.marks_until(t, "sync"),
+        )
 
 
 def fold_until(events: Iterable[dict], t: float, replicas: int, steps: int = 0) -> RunState:

@@ -90,11 +90,22 @@ def page_notebook(run: Optional[Path], root: Path, faults: bool) -> dict:
     args = f"run={str(run)!r}" if run else f"root={str(root)!r}"
     source = f"from workbench.apps.classroom import view\nview({args}, faults={bool(faults)})"
     return {
-        "cells": [{"cell_type": "code", "execution_count": None, "id": "classroom", "metadata": {},
-                   "outputs": [], "source": source}],
-        "metadata": {"kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
-                     "language_info": {"name": "python"}},
-        "nbformat": 4, "nbformat_minor": 5,
+        "cells": [
+            {
+                "cell_type": "code",
+                "execution_count": None,
+                "id": "classroom",
+                "metadata": {},
+                "outputs": [],
+                "source": source,
+            }
+        ],
+        "metadata": {
+            "kernelspec": {"display_name": "Python 3 (ipykernel)", "language": "python", "name": "python3"},
+            "language_info": {"name": "python"},
+        },
+        "nbformat": 4,
+        "nbformat_minor": 5,
     }
 
 
@@ -105,8 +116,10 @@ def resolve(run: Optional[str], root: Optional[str]) -> tuple[Optional[Path], Pa
         return None, root_path.resolve()
     path = Path(run).expanduser()
     if not rundir.is_run_dir(path):
-        raise ClassroomError(f"RUN: {str(path)!r} is not a run directory (no {rundir.RUN_JSON}); "
-                             f"give one, or none for the newest under the run root")
+        raise ClassroomError(
+            f"RUN: {str(path)!r} is not a run directory (no {rundir.RUN_JSON}); "
+            f"give one, or none for the newest under the run root"
+        )
     return path.resolve(), root_path.resolve()
 
 
@@ -120,19 +133,35 @@ def require_port(port: int) -> None:
 
 def voila_command(page: Path, port: int, token: str) -> list[str]:
     return [
-        sys.executable, "-m", "voila", str(page), "--no-browser", "--Voila.ip=127.0.0.1", f"--port={port}",
-        "--Voila.port_retries=0", f"--token={token}", "--strip_sources=True", "--show_tracebacks=False",
+        sys.executable,
+        "-m",
+        "voila",
+        str(page),
+        "--no-browser",
+        "--Voila.ip=127.0.0.1",
+        f"--port={port}",
+        "--Voila.port_retries=0",
+        f"--token={token}",
+        "--strip_sources=True",
+        "--show_tracebacks=False",
     ]
 
 
-def serve(run: Optional[str] = None, root: Optional[str] = None, port: int = DEFAULT_PORT, faults: bool = False,
-          token: Optional[str] = None, out=sys.stdout) -> int:
+def serve(
+    run: Optional[str] = None,
+    root: Optional[str] = None,
+    port: int = DEFAULT_PORT,
+    faults: bool = False,
+    token: Optional[str] = None,
+    out=sys.stdout,
+) -> int:
     """Serve the page until interrupted; prints its URL first. Returns Voilà's exit status."""
     try:
         import voila  # noqa: F401
     except ImportError:
-        raise ClassroomError("the classroom page needs Voilà: make browser-env "
-                             "(or pip install -r requirements-browser.txt)") from None
+        raise ClassroomError(
+            "the classroom page needs Voilà: make browser-env (or pip install -r requirements-browser.txt)"
+        ) from None
     run_dir, root_path = resolve(run, root)
     require_port(port)
     token = token or secrets.token_hex(24)

@@ -11,10 +11,9 @@ import json
 import sys
 from typing import Optional, Sequence
 
+from workbench.errors import ControllerGone, FaultError, SpecError
 from workbench.faults import kinds as faultkinds
-from workbench.faults.inject import FaultError
-from workbench.run.handle import ENDED, KILL_ALIASES, ControllerGone, attach, submit
-from workbench.spec.models import SpecError
+from workbench.run.handle import ENDED, KILL_ALIASES, attach, submit
 from workbench.spec.load import load_spec
 from workbench.spec.preflight import preflight
 
@@ -27,18 +26,24 @@ def _print_summary(summary: dict) -> None:
     print(f"  state                 {summary['state']}  ({summary['trainer']}, {summary['replicas']} replica groups)")
     print(f"  steps                 {summary['steps_completed']} / {summary['steps_target']}")
     print(f"  faults / restarts     {summary['faults']} / {summary['restarts']}   heals: {summary['heals']}")
-    print(f"  survivor steps lost   {summary['survivor_steps_lost']}   (discarded attempts: {summary['survivor_steps_discarded']})")
+    print(
+        f"  survivor steps lost   {summary['survivor_steps_lost']}   (discarded attempts: {summary['survivor_steps_discarded']})"
+    )
     print(f"  survivor stall        {fmt(summary['survivor_stall_s'], ' s')} beyond a normal step")
     print(f"  kill -> rejoin        {fmt(summary['kill_to_rejoin_s'], ' s')}")
     heal_bytes = summary["heal_bytes"]
-    print(f"  heal transfer         {fmt(summary['heal_seconds'], ' s')}, "
-          f"{'n/a' if heal_bytes is None else f'{heal_bytes / 1e6:.2f} MB'}")
+    print(
+        f"  heal transfer         {fmt(summary['heal_seconds'], ' s')}, "
+        f"{'n/a' if heal_bytes is None else f'{heal_bytes / 1e6:.2f} MB'}"
+    )
     print(f"  submit -> first step  {fmt(summary['submit_to_first_step_s'], ' s')}")
 
 
 def cmd_demo(args) -> int:
     run = submit("demo", args.overrides)
-    print(f"demo: 3 replica groups; replica 1 is SIGKILLed at step 150 and relaunched. run dir: {run.run_dir}", flush=True)
+    print(
+        f"demo: 3 replica groups; replica 1 is SIGKILLed at step 150 and relaunched. run dir: {run.run_dir}", flush=True
+    )
     try:
         run.wait(timeout=args.timeout)
     finally:
@@ -85,15 +90,24 @@ def cmd_status(args) -> int:
     if args.json:
         print(json.dumps(st))
     else:
-        print(f"{run.id}: {st['state']}  step {st['step']}/{st['steps_target']}  faults {st['faults']}  restarts {st['restarts']}"
-              + (f"  bad event lines {st['bad_lines']}" if st["bad_lines"] else ""))
+        print(
+            f"{run.id}: {st['state']}  step {st['step']}/{st['steps_target']}  faults {st['faults']}  restarts {st['restarts']}"
+            + (f"  bad event lines {st['bad_lines']}" if st["bad_lines"] else "")
+        )
         for r, s in st["replicas"].items():
             print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}")
         ck = st.get("checkpoints")
         if ck is not None:
             last = ck["last_durable"]
-            print("  last durable checkpoint: " + (f"step {last['step']}  {last['path']}" + (
-                "" if last["marker_present"] else "  (commit marker missing on disk)") if last else "none"))
+            print(
+                "  last durable checkpoint: "
+                + (
+                    f"step {last['step']}  {last['path']}"
+                    + ("" if last["marker_present"] else "  (commit marker missing on disk)")
+                    if last
+                    else "none"
+                )
+            )
             for flag in ("incomplete", "skipped"):
                 if ck[flag]:
                     print(f"  {flag} save at step {', '.join(map(str, ck[flag]))}")
@@ -152,14 +166,18 @@ def cmd_serve_metrics(args) -> int:
         from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
         from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
 
-        reader = PeriodicExportingMetricReader(OTLPMetricExporter(endpoint=args.otlp),
-                                               export_interval_millis=args.otlp_every * 1000)
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=args.otlp), export_interval_millis=args.otlp_every * 1000
+        )
         provider = exporter.otel_meter_provider(collector, [reader])
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
-    print(f"serving metrics of {run.id} on http://{args.addr}:{server.server_port}/metrics"
-          + (f"; pushing OTLP to {args.otlp} every {args.otlp_every:g} s" if args.otlp else ""), flush=True)
+    print(
+        f"serving metrics of {run.id} on http://{args.addr}:{server.server_port}/metrics"
+        + (f"; pushing OTLP to {args.otlp} every {args.otlp_every:g} s" if args.otlp else ""),
+        flush=True,
+    )
     done.wait()
     server.shutdown()
     if provider is not None:
@@ -202,8 +220,8 @@ def split_values(raw: str) -> list[str]:
 
 
 def cmd_sweep(args) -> int:
-    from workbench.spec.load import parse_override
     from workbench.experiments.sweep import sweep
+    from workbench.spec.load import parse_override
 
     fixed, grid = {}, {}
     for item in args.overrides:
@@ -236,15 +254,34 @@ def cmd_matrix(args) -> int:
             window = (int(lo), int(hi))
         except ValueError:
             raise SpecError(f"window: expected FIRST:LAST steps such as 5:15, got {args.window!r}") from None
-    mx = matrix(args.config, args.overrides, faults=args.faults, trainers=args.trainers, backends=args.backends,
-                trials=args.trials, window=window, seed=args.seed, seconds=args.seconds,
-                max_parallel=args.max_parallel)
+    mx = matrix(
+        args.config,
+        args.overrides,
+        faults=args.faults,
+        trainers=args.trainers,
+        backends=args.backends,
+        trials=args.trials,
+        window=window,
+        seed=args.seed,
+        seconds=args.seconds,
+        max_parallel=args.max_parallel,
+    )
     print(mx.matrix_dir, flush=True)
     if not _follow(mx.sweep, args.detach):
         return 0
     table = mx.table()
-    cols = ["fault", "trainer", "backend", "status", "trials", *OUTCOMES, "rate", "ci_low", "ci_high",
-            *[c for c in table.columns if c.endswith("_median_s") or c.endswith("_p95_s")]]
+    cols = [
+        "fault",
+        "trainer",
+        "backend",
+        "status",
+        "trials",
+        *OUTCOMES,
+        "rate",
+        "ci_low",
+        "ci_high",
+        *[c for c in table.columns if c.endswith("_median_s") or c.endswith("_p95_s")],
+    ]
     print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
     return 0
 
@@ -287,39 +324,60 @@ def cmd_ls(args) -> int:
     for d in list_sweeps(root):
         sw = attach_sweep(d)
         states = sw.point_states()
-        sweeps.append({"sweep_id": sw.id, "state": sw.state(), "points": len(states),
-                       "keys": ",".join(sw.params), **{s: states.count(s) for s in sorted(set(states))},
-                       "sweep_dir": str(sw.sweep_dir)})
+        sweeps.append(
+            {
+                "sweep_id": sw.id,
+                "state": sw.state(),
+                "points": len(states),
+                "keys": ",".join(sw.params),
+                **{s: states.count(s) for s in sorted(set(states))},
+                "sweep_dir": str(sw.sweep_dir),
+            }
+        )
     if args.json:
         print(json.dumps({"runs": runs.to_dict(orient="records"), "sweeps": sweeps}, default=str))
         return 0
 
     def age(s):
-        return "" if s is None or s != s else f"{s / 60:.0f}m" if s < 7200 else f"{s / 3600:.0f}h" if s < 172800 else f"{s / 86400:.0f}d"
+        return (
+            ""
+            if s is None or s != s
+            else f"{s / 60:.0f}m"
+            if s < 7200
+            else f"{s / 3600:.0f}h"
+            if s < 172800
+            else f"{s / 86400:.0f}d"
+        )
 
     if runs.empty:
         print(f"no runs under {root}")
     else:
-        runs = runs.assign(steps=runs["step"].astype(str) + "/" + runs["steps_target"].astype(str),
-                           age=runs["age_s"].map(age))
+        runs = runs.assign(
+            steps=runs["step"].astype(str) + "/" + runs["steps_target"].astype(str), age=runs["age_s"].map(age)
+        )
         print(runs[["run_id", "state", "trainer", "steps", "faults", "restarts", "age"]].to_string(index=False))
     for sw in sweeps:
-        counts = " ".join(f"{k}={v}" for k, v in sw.items() if k not in ("sweep_id", "state", "points", "keys", "sweep_dir"))
+        counts = " ".join(
+            f"{k}={v}" for k, v in sw.items() if k not in ("sweep_id", "state", "points", "keys", "sweep_dir")
+        )
         print(f"sweep {sw['sweep_id']}: {sw['state']}  {sw['points']} points over {sw['keys']}  {counts}")
     return 0
 
 
 PROJECT_FLAGS = (  # flag, input, type, help (units)
-    ("--gpus", "gpus", int, "accelerators"), ("--groups", "groups", int, "replica groups"),
+    ("--gpus", "gpus", int, "accelerators"),
+    ("--groups", "groups", int, "replica groups"),
     ("--device-mtbf-h", "device_mtbf_h", float, "per-device MTBF, hours (default: Meta's published MTTF at --gpus)"),
-    ("--params", "params", float, "model parameters"), ("--step-s", "step_s", float, "fault-free step time, s"),
+    ("--params", "params", float, "model parameters"),
+    ("--step-s", "step_s", float, "fault-free step time, s"),
     ("--days", "horizon_s", float, "wall window projected, days"),
     ("--ckpt-period-s", "period_s", float, "checkpoint period, s of training (default: Daly's optimum)"),
     ("--ckpt-gbps", "write_gbps", float, "checkpoint write bandwidth, GB/s aggregate"),
     ("--restart-s", "restart_s", float, "restart after a failure, s (both strategies)"),
     ("--overhead", "overhead", float, "elastic per-step overhead, fraction of the step (default: from --cross-gbps)"),
     ("--cross-gbps", "cross_gbps", float, "elastic all-reduce bandwidth between groups, GB/s per accelerator"),
-    ("--spares", "spares", int, "spare groups"), ("--replacement-s", "replacement_s", float, "a new node, s"),
+    ("--spares", "spares", int, "spare groups"),
+    ("--replacement-s", "replacement_s", float, "a new node, s"),
     ("--heal-gbps", "heal_gbps", float, "heal bandwidth per accelerator, GB/s"),
     ("--sync-steps", "sync_steps", int, "DiLoCo inner steps between outer steps"),
 )
@@ -331,14 +389,16 @@ def cmd_project(args) -> int:
     inputs = {name: getattr(args, name) for _, name, _, _ in PROJECT_FLAGS if getattr(args, name) is not None}
     if "horizon_s" in inputs:
         inputs["horizon_s"] *= 86400.0
-    bad = [k for k, v in inputs.items() if v <= 0 and k not in ("overhead", "spares")] + \
-        [k for k in ("overhead", "spares") if inputs.get(k, 0) < 0]
+    bad = [k for k, v in inputs.items() if v <= 0 and k not in ("overhead", "spares")] + [
+        k for k in ("overhead", "spares") if inputs.get(k, 0) < 0
+    ]
     if bad:
         flag = next(f for f, n, _, _ in PROJECT_FLAGS if n == bad[0])
         raise ValueError(f"{flag}: must be > 0 (>= 0 for --overhead, --spares)")
     baseline = attach(args.baseline) if args.baseline else None
-    out = project(attach(args.run), baseline=baseline, measured_costs=args.measured_costs,
-                  replicates=args.replicates, **inputs)
+    out = project(
+        attach(args.run), baseline=baseline, measured_costs=args.measured_costs, replicates=args.replicates, **inputs
+    )
     if args.json:
         print(json.dumps(out, default=float))
         return 0
@@ -346,15 +406,19 @@ def cmd_project(args) -> int:
     print(f"run {out['run_dir']}")
     print(f"  reproduced ({rep['strategy']})  predicted {rep['predicted']:.3f}   measured {rep['measured']:.3f}")
     proj = out["projection"]
-    print(f"projection: {job['gpus']} accelerators in {job['groups']} groups, {job['params'] / 1e9:.0f}B parameters, "
-          f"job MTBF {proj['job_mtbf_s'] / 3600:.2f} h")
+    print(
+        f"projection: {job['gpus']} accelerators in {job['groups']} groups, {job['params'] / 1e9:.0f}B parameters, "
+        f"job MTBF {proj['job_mtbf_s'] / 3600:.2f} h"
+    )
     for s in ("checkpoint-restart", "elastic", "diloco"):
         r = proj[s]
         bad_parts = ", ".join(f"{k} {v:.3f}" for k, v in r["badput"].items() if v > 5e-4)
         print(f"  {s:19s} goodput {r['goodput']:.3f} ± {r['stderr']:.3f}   badput: {bad_parts or 'none'}")
     cr = proj["checkpoint-restart"]
-    print(f"  checkpoint period {cr['period_s']:.0f} s (Daly {cr['daly_period_s']:.0f} s, Young {cr['young_period_s']:.0f} s),"
-          f" write {cr['write_s']:.1f} s")
+    print(
+        f"  checkpoint period {cr['period_s']:.0f} s (Daly {cr['daly_period_s']:.0f} s, Young {cr['young_period_s']:.0f} s),"
+        f" write {cr['write_s']:.1f} s"
+    )
     return 0
 
 
@@ -427,19 +491,35 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("kill", help="inject a fault into a replica group (or the lighthouse)")
     s.add_argument("run")
     s.add_argument("--replica", type=int, default=None)
-    s.add_argument("--how", choices=(*faultkinds.names(), *KILL_ALIASES), default="kill", metavar="KIND",
-                   help="a fault kind the run's backend injects: "
-                        + "; ".join(f"{k.name} ({', '.join(k.backends) + ' only, ' if k.backends else ''}{k.summary})"
-                                    for k in faultkinds.KINDS.values()))
-    s.add_argument("--seconds", type=float, default=None, help="how long a fault that lasts lasts (a hang: 5 s; partition, slow_link, straggler, freeze: 10 s)")
+    s.add_argument(
+        "--how",
+        choices=(*faultkinds.names(), *KILL_ALIASES),
+        default="kill",
+        metavar="KIND",
+        help="a fault kind the run's backend injects: "
+        + "; ".join(
+            f"{k.name} ({', '.join(k.backends) + ' only, ' if k.backends else ''}{k.summary})"
+            for k in faultkinds.KINDS.values()
+        ),
+    )
+    s.add_argument(
+        "--seconds",
+        type=float,
+        default=None,
+        help="how long a fault that lasts lasts (a hang: 5 s; partition, slow_link, straggler, freeze: 10 s)",
+    )
     s.set_defaults(fn=cmd_kill)
 
     s = sub.add_parser("serve-metrics", help="expose a run's metrics for Prometheus (loopback by default)")
     s.add_argument("run")
     s.add_argument("--port", type=int, default=9464, help="TCP port (default 9464; 0: any free port, printed)")
     s.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
-    s.add_argument("--otlp", default=None, metavar="URL",
-                   help="also push the same series to an OpenTelemetry collector (OTLP/HTTP metrics URL)")
+    s.add_argument(
+        "--otlp",
+        default=None,
+        metavar="URL",
+        help="also push the same series to an OpenTelemetry collector (OTLP/HTTP metrics URL)",
+    )
     s.add_argument("--otlp-every", type=float, default=10.0, metavar="S", help="OTLP push interval (default 10 s)")
     s.set_defaults(fn=cmd_serve_metrics)
 
@@ -496,15 +576,30 @@ def build_parser() -> argparse.ArgumentParser:
     from workbench.apps.classroom import DEFAULT_PORT
 
     s = sub.add_parser("classroom", help="the live dashboard as a page with no code (Voilà, 127.0.0.1, token)")
-    s.add_argument("run", nargs="?", help="run directory (default: the newest run under the run root, at each page load)")
-    s.add_argument("--run-root", default=None, help="where to look for the newest run (default $WORKBENCH_RUN_ROOT or ./runs)")
+    s.add_argument(
+        "run", nargs="?", help="run directory (default: the newest run under the run root, at each page load)"
+    )
+    s.add_argument(
+        "--run-root", default=None, help="where to look for the newest run (default $WORKBENCH_RUN_ROOT or ./runs)"
+    )
     s.add_argument("--port", type=int, default=DEFAULT_PORT)
     s.add_argument("--faults", action="store_true", help="show the fault buttons (off unless given)")
     s.add_argument("--config", default=None, help="submit this config first (configs/classroom.yaml) and serve its run")
-    s.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
-                   help="an override of --config's spec (repeatable)")
-    s.add_argument("--stop-after", type=float, default=None, metavar="S",
-                   help="with --config: stop the run after S seconds (default: its chaos schedule's length)")
+    s.add_argument(
+        "--set",
+        dest="overrides",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="an override of --config's spec (repeatable)",
+    )
+    s.add_argument(
+        "--stop-after",
+        type=float,
+        default=None,
+        metavar="S",
+        help="with --config: stop the run after S seconds (default: its chaos schedule's length)",
+    )
     s.set_defaults(fn=cmd_classroom)
 
     s = sub.add_parser("cluster", help="local Slurm cluster: up | down | status")

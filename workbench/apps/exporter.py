@@ -41,8 +41,8 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from workbench import analysis
-from workbench.state.fold import REPLICA_STATES
 from workbench.run.handle import Run
+from workbench.state.fold import REPLICA_STATES
 
 RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost")
 LIVE = ("starting", "participating", "healing")
@@ -101,8 +101,7 @@ class RunCollector(Collector):
                 nodes.setdefault(node, []).append(a if v.state in LIVE else None)
         out: list[Metric] = [step, committed, loss, step_time, state, age, restarts, heals, faults]
 
-        out.append(GaugeMetricFamily("workbench_committed_step", "the run's furthest committed step",
-                                     labels=["run"]))
+        out.append(GaugeMetricFamily("workbench_committed_step", "the run's furthest committed step", labels=["run"]))
         out[-1].add_metric([rid], st.max_committed)
         for name, value in st.counts().items():
             out.append(CounterMetricFamily(f"workbench_{name}", f"{name} of the run", labels=["run"]))
@@ -113,20 +112,26 @@ class RunCollector(Collector):
         out.append(rs)
 
         gp = self._current_goodput(now)
-        ratio = GaugeMetricFamily("workbench_goodput_ratio", "useful work against the run's fault-free rate",
-                                  labels=["run"])
-        bad = GaugeMetricFamily("workbench_badput_seconds", "full-rate seconds lost, by workbench cause",
-                                labels=["run", "cause"])
+        ratio = GaugeMetricFamily(
+            "workbench_goodput_ratio", "useful work against the run's fault-free rate", labels=["run"]
+        )
+        bad = GaugeMetricFamily(
+            "workbench_badput_seconds", "full-rate seconds lost, by workbench cause", labels=["run", "cause"]
+        )
         if gp is not None and gp.get("goodput") is not None:
             ratio.add_metric([rid], gp["goodput"])
             for cause, seconds in gp["badput_s"].items():
                 bad.add_metric([rid, cause], seconds)
         out += [ratio, bad]
 
-        up = GaugeMetricFamily("workbench_node_up", "1 if a live replica group on the node wrote within stale_s",
-                               labels=["run", "node"])
-        node_age = GaugeMetricFamily("workbench_node_heartbeat_age_seconds",
-                                     "age of the freshest live group's last event on the node", labels=["run", "node"])
+        up = GaugeMetricFamily(
+            "workbench_node_up", "1 if a live replica group on the node wrote within stale_s", labels=["run", "node"]
+        )
+        node_age = GaugeMetricFamily(
+            "workbench_node_heartbeat_age_seconds",
+            "age of the freshest live group's last event on the node",
+            labels=["run", "node"],
+        )
         for node, ages in sorted(nodes.items()):
             live = [x for x in ages if x is not None]
             up.add_metric([rid, node], 1.0 if live and min(live) <= self.stale_s else 0.0)
@@ -180,8 +185,12 @@ def otel_meter_provider(collector: RunCollector, readers: list, fresh_s: float =
     def callback(name: str):
         def observe(options):
             f = families().get(name)
-            return [] if f is None else [Observation(s.value, dict(s.labels)) for s in f.samples
-                                         if s.name in (name, name + "_total")]
+            return (
+                []
+                if f is None
+                else [Observation(s.value, dict(s.labels)) for s in f.samples if s.name in (name, name + "_total")]
+            )
+
         return observe
 
     provider = MeterProvider(metric_readers=readers)
@@ -190,4 +199,3 @@ def otel_meter_provider(collector: RunCollector, readers: list, fresh_s: float =
         make = meter.create_observable_counter if f.type == "counter" else meter.create_observable_gauge
         make(f.name, callbacks=[callback(f.name)], description=f.documentation)
     return provider
-

@@ -23,10 +23,22 @@ def loss_figure(metrics, events, max_points: int = 2000):
     """Loss per group, each curve decimated to ``max_points`` (spikes kept) and drawn as SVG: a
     report is opened anywhere, WebGL or not (plotly express picks WebGL past 1000 points)."""
     df = metrics[metrics["committed"].astype(bool) & metrics["participating"].fillna(True).astype(bool)]
-    df = pd.concat([g.iloc[decimate(g["loss"].to_numpy(dtype=float), max_points)] for _, g in df.groupby("replica")]) \
-        if not df.empty else df
-    fig = px.line(df, x="step", y="loss", color=df["replica"].astype(str), labels={"color": "replica"},
-                  hover_data=["attempt"], title="Loss per replica group", height=380, render_mode="svg")
+    df = (
+        pd.concat([g.iloc[decimate(g["loss"].to_numpy(dtype=float), max_points)] for _, g in df.groupby("replica")])
+        if not df.empty
+        else df
+    )
+    fig = px.line(
+        df,
+        x="step",
+        y="loss",
+        color=df["replica"].astype(str),
+        labels={"color": "replica"},
+        hover_data=["attempt"],
+        title="Loss per replica group",
+        height=380,
+        render_mode="svg",
+    )
     steps = {}
     for e in events:
         if e.get("kind") == "step" and e.get("committed"):
@@ -36,8 +48,13 @@ def loss_figure(metrics, events, max_points: int = 2000):
         if e.get("kind") == "fault" and e.get("action") != "resume":
             near = next((steps[t] for t in ts if t >= e["t"]), None)
             if near is not None:
-                fig.add_vline(x=near, line_dash="dot", line_color="red",
-                              annotation_text=f"{e['action']} r{e.get('target')}", annotation_font_size=12)
+                fig.add_vline(
+                    x=near,
+                    line_dash="dot",
+                    line_color="red",
+                    annotation_text=f"{e['action']} r{e.get('target')}",
+                    annotation_font_size=12,
+                )
     return readable(fig)
 
 
@@ -68,7 +85,11 @@ def run_report(run: Run) -> str:
     if not timeline.empty:
         parts.append("<h2>Faults and recoveries</h2>" + timeline.round(3).to_html(index=False))
     parts.append("<h2>Spec</h2><pre>" + html.escape(json.dumps(run.record["spec"], indent=2)) + "</pre>")
-    return "<!doctype html><html><head><meta charset='utf-8'><title>workbench report</title></head><body>" + "\n".join(parts) + "</body></html>"
+    return (
+        "<!doctype html><html><head><meta charset='utf-8'><title>workbench report</title></head><body>"
+        + "\n".join(parts)
+        + "</body></html>"
+    )
 
 
 def write_report(path_or_run) -> Path:

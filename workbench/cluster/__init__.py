@@ -12,7 +12,8 @@ from __future__ import annotations
 import importlib
 from pathlib import Path
 
-from workbench.cluster.base import Cluster, FaultError
+from workbench.cluster.base import Cluster
+from workbench.errors import FaultError
 
 BACKENDS: dict[str, str] = {
     "local": "workbench.cluster.local.backend:LocalCluster",

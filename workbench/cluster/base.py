@@ -29,10 +29,9 @@ from typing import Any, Callable, ClassVar, Optional
 
 import submitit
 
-from workbench.faults import kinds as faultkinds
 from workbench.errors import FaultError
+from workbench.faults import kinds as faultkinds
 from workbench.faults.kinds import FaultKind
-
 
 
 class Cluster(abc.ABC):
@@ -95,8 +94,9 @@ class Cluster(abc.ABC):
     def inject(self, kind: FaultKind, view, seconds: Optional[float], origin: str) -> dict:
         """Inject ``kind`` on replica group ``view`` (a ``ReplicaView``); returns the ``fault``
         event's fields. Raises FaultError, having done nothing, if it cannot."""
-        raise FaultError(f"action: {kind.name} is not a fault on cluster {self.name}; "
-                         f"allowed: {', '.join(self.fault_kinds())}")
+        raise FaultError(
+            f"action: {kind.name} is not a fault on cluster {self.name}; allowed: {', '.join(self.fault_kinds())}"
+        )
 
     def inject_host(self, kind: FaultKind, view, seconds: float, node: Optional[str] = None) -> dict:
         """A kind of the table done to the machine (``kind.host``: cgroup or link, ``workbench.faults.host``),
@@ -117,16 +117,24 @@ class Cluster(abc.ABC):
                 if why is not None:
                     raise FaultError(f"target: replica {view.replica}: {why}; {kind.name} needs its processes here")
                 share = faultkinds.STRAGGLER_SHARE
-                made = hostfaults.confine(kind.name, hostfaults.cgroup_name(self.run_dir.name, view.replica, kind.name),
-                                          [proc.pid, *(p.pid for p in proc.descendants())], share=share)
+                made = hostfaults.confine(
+                    kind.name,
+                    hostfaults.cgroup_name(self.run_dir.name, view.replica, kind.name),
+                    [proc.pid, *(p.pid for p in proc.descendants())],
+                    share=share,
+                )
                 fields.update(pid=proc.pid, cgroup=made.cgroup, pids=sorted(made.origins))
                 if kind.name == "straggler":
                     fields["share"] = share
         except hostfaults.HostFaultError as e:
             raise FaultError(str(e)) from None
         fields["undo_helper"] = undo.later(
-            self.run_dir, kind.name, seconds, argv=made.undo_argv(),
-            fields={k: v for k, v in fields.items() if k in ("target", "node", "pid", "cgroup")})
+            self.run_dir,
+            kind.name,
+            seconds,
+            argv=made.undo_argv(),
+            fields={k: v for k, v in fields.items() if k in ("target", "node", "pid", "cgroup")},
+        )
         return fields
 
     def undo(self, payload: dict) -> dict:
@@ -138,12 +146,15 @@ class Cluster(abc.ABC):
     def release_faults(self, state) -> list[str]:
         """Undo what this run's machine-level faults still hold (a stop mid-fault): its cgroups by name,
         and each link of a fault whose ``resume`` has not come. Returns what was undone."""
-        from workbench.faults import host as hostfaults
         from workbench.cluster.procs import Proc
+        from workbench.faults import host as hostfaults
 
         open_faults = list(state.host_faults.items())
-        links = [(k, e["node"]) for (k, _), e in open_faults
-                 if getattr(faultkinds.kind(k), "host", None) == "link" and e.get("node")]
+        links = [
+            (k, e["node"])
+            for (k, _), e in open_faults
+            if getattr(faultkinds.kind(k), "host", None) == "link" and e.get("node")
+        ]
         undone = hostfaults.release_run(self.run_dir.name, links)
         for _, e in open_faults:  # their undo is done: the helpers waiting to do it have nothing left
             helper = e.get("undo_helper")

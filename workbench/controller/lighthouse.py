@@ -51,11 +51,16 @@ class Lighthouse:
         lh = self.spec.lighthouse
         return [
             lighthouse_binary(),
-            "--bind", f"{self.host}:{self.port}",
-            "--min_replicas", str(self.spec.min_replicas),
-            "--join_timeout_ms", str(lh.join_timeout_ms),
-            "--quorum_tick_ms", str(lh.quorum_tick_ms),
-            "--heartbeat_timeout_ms", str(lh.heartbeat_timeout_ms),
+            "--bind",
+            f"{self.host}:{self.port}",
+            "--min_replicas",
+            str(self.spec.min_replicas),
+            "--join_timeout_ms",
+            str(lh.join_timeout_ms),
+            "--quorum_tick_ms",
+            str(lh.quorum_tick_ms),
+            "--heartbeat_timeout_ms",
+            str(lh.heartbeat_timeout_ms),
         ]
 
     def start(self, timeout: float = 30.0) -> None:

@@ -33,18 +33,16 @@ import traceback
 from pathlib import Path
 from typing import Any, Optional
 
+from workbench.analysis import StepColumns, step_index
+from workbench.cluster import make_cluster, procs
+from workbench.controller import nodehealth
+from workbench.controller.lighthouse import Lighthouse
+from workbench.events.log import EventReader, EventWriter
 from workbench.faults import armed
 from workbench.faults import inject as faults
-from workbench.controller import nodehealth
-from workbench.cluster import procs
 from workbench.run import rundir
-from workbench.analysis import StepColumns
-from workbench.analysis import step_index
-from workbench.cluster import make_cluster
-from workbench.events.log import EventReader, EventWriter
-from workbench.controller.lighthouse import Lighthouse
-from workbench.state.fold import RunState
 from workbench.spec.models import Spec
+from workbench.state.fold import RunState
 from workbench.trainers import JobContext, job_entrypoint, trainer_kind
 from workbench.trainers.torchft import quorum_epochs
 
@@ -132,8 +130,11 @@ class Controller:
             for i, f in enumerate(self.spec.faults):
                 if i not in self.fired:
                     when = f"at {f.at_s} s" if f.at_s is not None else f"at step {f.at_step}"
-                    self.writer.emit("warning", message=f"scheduled fault {i} ({f.action} {when}) never fired: "
-                                     f"the run ended at step {self.max_step} first")
+                    self.writer.emit(
+                        "warning",
+                        message=f"scheduled fault {i} ({f.action} {when}) never fired: "
+                        f"the run ended at step {self.max_step} first",
+                    )
             self._write_step_index()  # before run_end: a reader that sees the end finds the index complete
             self.writer.emit("run_end", state=state, reason=reason, steps=self.max_step)
             self.writer.close()
@@ -207,7 +208,8 @@ class Controller:
             replica=slot.replica,
             attempt=slot.attempt,
             lighthouse_addr=self.lighthouse.address if self.lighthouse else None,
-            env=self._job_env(), loopback_only=self.cluster.loopback_only,
+            env=self._job_env(),
+            loopback_only=self.cluster.loopback_only,
         )
         slot.job = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-r{slot.replica}")
         slot.state = "running"
@@ -224,8 +226,13 @@ class Controller:
         exit_event = self.exits.get((slot.replica, slot.attempt))
         clean = bool(exit_event and exit_event.get("reason") == "completed")
         self.writer.emit(
-            "job", replica=slot.replica, attempt=slot.attempt, job_id=str(slot.job.job_id), state="ended",
-            clean=clean, reason=(exit_event or {}).get("reason", "died"),
+            "job",
+            replica=slot.replica,
+            attempt=slot.attempt,
+            job_id=str(slot.job.job_id),
+            state="ended",
+            clean=clean,
+            reason=(exit_event or {}).get("reason", "died"),
         )
         if clean:
             slot.state = "completed"
@@ -247,7 +254,7 @@ class Controller:
         slot.state = "relaunch_wait"
         slot.relaunch_at = time.time() + self.spec.relaunch_delay_s
         self.writer.emit(
-            "restart", replica=slot.replica, attempt=slot.attempt + 1, reason=reason, from_step=self.max_step,
+            "restart", replica=slot.replica, attempt=slot.attempt + 1, reason=reason, from_step=self.max_step
         )
 
     def _launch_spare(self) -> None:
@@ -255,8 +262,14 @@ class Controller:
         spare_id = self.next_spare_id
         self.next_spare_id += 1
         ctx = JobContext(
-            run_dir=str(self.run_dir), run_id=self.run_id, spec=self.spec.to_dict(), replica=-1, attempt=-1,
-            lighthouse_addr=self.lighthouse.address if self.lighthouse else None, env=self._job_env(), loopback_only=self.cluster.loopback_only,
+            run_dir=str(self.run_dir),
+            run_id=self.run_id,
+            spec=self.spec.to_dict(),
+            replica=-1,
+            attempt=-1,
+            lighthouse_addr=self.lighthouse.address if self.lighthouse else None,
+            env=self._job_env(),
+            loopback_only=self.cluster.loopback_only,
             spare_id=spare_id,
         )
         self.spares[spare_id] = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-spare{spare_id}")
@@ -276,8 +289,13 @@ class Controller:
             self.run_dir / "spares" / f"{spare_id}.json", json.dumps({"replica": slot.replica, "attempt": slot.attempt})
         )
         self.writer.emit(
-            "restart", replica=slot.replica, attempt=slot.attempt, reason=reason, from_step=self.max_step,
-            spare=spare_id, job_id=str(slot.job.job_id),
+            "restart",
+            replica=slot.replica,
+            attempt=slot.attempt,
+            reason=reason,
+            from_step=self.max_step,
+            spare=spare_id,
+            job_id=str(slot.job.job_id),
         )
         self._launch_spare()
 
@@ -353,8 +371,10 @@ class Controller:
                 raise RuntimeError(f"lighthouse: {self.lighthouse_failures} restarts failed, the last: {error}")
             backoff = min(LIGHTHOUSE_BACKOFF_S * 2 ** (self.lighthouse_failures - 1), 10.0)
             self.lighthouse_next_try = now + backoff
-            self.writer.emit("warning", message=f"lighthouse restart {self.lighthouse_failures} failed ({error}); "
-                                                f"retrying in {backoff:.1f} s")
+            self.writer.emit(
+                "warning",
+                message=f"lighthouse restart {self.lighthouse_failures} failed ({error}); retrying in {backoff:.1f} s",
+            )
             return
         if lh.alive():
             return
@@ -407,9 +427,16 @@ class Controller:
             arm, trigger = self.due_triggers.pop(0)
             on = arm.get("trigger") or "checkpoint"
             try:
-                faults.inject(self, arm["action"], arm["target"], origin=arm.get("origin") or "schedule",
-                              writer=self.writer, fire=True, armed_t=arm.get("t"),
-                              **{f"{on}_step": trigger.get("step")})
+                faults.inject(
+                    self,
+                    arm["action"],
+                    arm["target"],
+                    origin=arm.get("origin") or "schedule",
+                    writer=self.writer,
+                    fire=True,
+                    armed_t=arm.get("t"),
+                    **{f"{on}_step": trigger.get("step")},
+                )
             except faults.FaultError as e:
                 self.writer.emit("warning", message=f"armed {arm['action']} not injected: {e}")
             finally:
@@ -463,8 +490,12 @@ class Controller:
                     continue
             slot.hang_reported_t = now
             self.writer.emit(
-                "hang", target=slot.replica, attempt=slot.attempt, step=slot.last_step,
-                seconds_without_progress=round(idle, 3), timeout_s=round(limit, 3),
+                "hang",
+                target=slot.replica,
+                attempt=slot.attempt,
+                step=slot.last_step,
+                seconds_without_progress=round(idle, 3),
+                timeout_s=round(limit, 3),
             )
             if self.spec.hang.action == "kill":
                 try:

@@ -59,10 +59,12 @@ class _Gpu:
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
             if handles:
+
                 def read() -> dict:
                     util = [pynvml.nvmlDeviceGetUtilizationRates(h).gpu for h in handles]
                     mem = [pynvml.nvmlDeviceGetMemoryInfo(h).used for h in handles]
                     return {"gpu_util_percent": float(max(util)), "gpu_mem_bytes": int(sum(mem))}
+
                 self.read = read
                 return
         except Exception:
@@ -73,10 +75,12 @@ class _Gpu:
             amdsmi.amdsmi_init()
             handles = amdsmi.amdsmi_get_processor_handles()
             if handles:
+
                 def read() -> dict:
                     util = [amdsmi.amdsmi_get_gpu_activity(h)["gfx_activity"] for h in handles]
                     mem = [amdsmi.amdsmi_get_gpu_memory_usage(h, amdsmi.AmdSmiMemoryType.VRAM) for h in handles]
                     return {"gpu_util_percent": float(max(util)), "gpu_mem_bytes": int(sum(mem))}
+
                 self.read = read
         except Exception:
             pass
@@ -127,8 +131,13 @@ class Sampler:
                         rss += p.memory_info().rss
                     except psutil.Error:
                         pass
-            row = {"node": name, "cpu_percent": round(cpu, 1), "rss_bytes": int(rss),
-                   "mem_share": round(rss / self.total_mem, 5), **gpu}
+            row = {
+                "node": name,
+                "cpu_percent": round(cpu, 1),
+                "rss_bytes": int(rss),
+                "mem_share": round(rss / self.total_mem, 5),
+                **gpu,
+            }
             link = _link(name)
             if link is not None:
                 row["net_sent_bytes"], row["net_received_bytes"] = link
@@ -153,8 +162,10 @@ def tile_line(health: Optional[dict]) -> str:
     """The node tile's health line: ``cpu 85% · mem 312 MB (0.4 %) · net ↑12 kB/s ↓3 kB/s · gpu 40% 2.1 GB``."""
     if not health:
         return "cpu — · mem —"
-    parts = [f"cpu {health.get('cpu_percent', 0):.0f}%",
-             f"mem {health.get('rss_bytes', 0) / 1e6:.0f} MB ({100 * health.get('mem_share', 0):.1f} %)"]
+    parts = [
+        f"cpu {health.get('cpu_percent', 0):.0f}%",
+        f"mem {health.get('rss_bytes', 0) / 1e6:.0f} MB ({100 * health.get('mem_share', 0):.1f} %)",
+    ]
     if "net_sent_bps" in health:
         parts.append(f"net ↑{health['net_sent_bps'] / 1e3:.0f} kB/s ↓{health['net_received_bps'] / 1e3:.0f} kB/s")
     if "gpu_util_percent" in health:

@@ -44,11 +44,47 @@ interface), :mod:`.cli` (``workbench cluster``).
 
 from workbench.devcluster.cli import main
 from workbench.devcluster.daemons import INSTALL_HINT, REQUIRED_PROGRAMS
-from workbench.devcluster.layout import ACCOUNT, CLUSTER_NAME, DAEMONS, DEFAULT_STATE_DIR, ENV_STATE_DIR, NODES, PARTITION, DevClusterError, resolve_state_dir
-from workbench.devcluster.lifecycle import client_env, daemon_pids, down, find_slurm_conf, restart_slurmd, slurmd_pid, status, up
+from workbench.devcluster.layout import (
+    ACCOUNT,
+    CLUSTER_NAME,
+    DAEMONS,
+    DEFAULT_STATE_DIR,
+    ENV_STATE_DIR,
+    NODES,
+    PARTITION,
+    DevClusterError,
+    resolve_state_dir,
+)
+from workbench.devcluster.lifecycle import (
+    client_env,
+    daemon_pids,
+    down,
+    find_slurm_conf,
+    restart_slurmd,
+    slurmd_pid,
+    status,
+    up,
+)
 
 __all__ = [
-    "ACCOUNT", "CLUSTER_NAME", "DAEMONS", "DEFAULT_STATE_DIR", "ENV_STATE_DIR", "INSTALL_HINT", "NODES",
-    "PARTITION", "REQUIRED_PROGRAMS", "DevClusterError", "client_env", "daemon_pids", "down",
-    "find_slurm_conf", "main", "resolve_state_dir", "restart_slurmd", "slurmd_pid", "status", "up",
+    "ACCOUNT",
+    "CLUSTER_NAME",
+    "DAEMONS",
+    "DEFAULT_STATE_DIR",
+    "ENV_STATE_DIR",
+    "INSTALL_HINT",
+    "NODES",
+    "PARTITION",
+    "REQUIRED_PROGRAMS",
+    "DevClusterError",
+    "client_env",
+    "daemon_pids",
+    "down",
+    "find_slurm_conf",
+    "main",
+    "resolve_state_dir",
+    "restart_slurmd",
+    "slurmd_pid",
+    "status",
+    "up",
 ]

@@ -14,15 +14,23 @@ from workbench.devcluster.lifecycle import down, status, up
 def main(argv: Optional[Sequence[str]] = None) -> int:
     """``workbench cluster up|down|status [--dir DIR]``."""
     parser = argparse.ArgumentParser(
-        prog="workbench cluster", description="A local Slurm cluster (4 nodes on this host, each in its own network namespace) "
-                    "for demos and tests."
+        prog="workbench cluster",
+        description="A local Slurm cluster (4 nodes on this host, each in its own network namespace) "
+        "for demos and tests.",
     )
     parser.add_argument("action", choices=("up", "down", "status"))
-    parser.add_argument("--dir", dest="state_dir", default=None,
-                        help=f"state directory (default ${ENV_STATE_DIR} or {DEFAULT_STATE_DIR})")
+    parser.add_argument(
+        "--dir",
+        dest="state_dir",
+        default=None,
+        help=f"state directory (default ${ENV_STATE_DIR} or {DEFAULT_STATE_DIR})",
+    )
     parser.add_argument("--json", action="store_true", help="print the result as JSON")
-    parser.add_argument("--logical", action="store_true",
-                        help="up: no network namespaces; every node on 127.0.0.1 (the fallback where none can be made)")
+    parser.add_argument(
+        "--logical",
+        action="store_true",
+        help="up: no network namespaces; every node on 127.0.0.1 (the fallback where none can be made)",
+    )
     args = parser.parse_args(argv)
     try:
         if args.action == "up":

@@ -12,7 +12,15 @@ import socket
 from pathlib import Path
 from typing import Mapping, Optional
 
-from workbench.devcluster.layout import CLUSTER_NAME, CPUS_PER_NODE, MEMORY_MB_PER_NODE, NODES, PARTITION, DevClusterError, Layout
+from workbench.devcluster.layout import (
+    CLUSTER_NAME,
+    CPUS_PER_NODE,
+    MEMORY_MB_PER_NODE,
+    NODES,
+    PARTITION,
+    DevClusterError,
+    Layout,
+)
 
 DB_NAME = "slurm_acct_db"
 DB_USER = "slurm"
@@ -58,8 +66,13 @@ def db_password(layout: Layout) -> str:
     return layout.db_password.read_text().strip()
 
 
-def write_configs(layout: Layout, ports: Mapping[str, int], user: str,
-                  node_addresses: Optional[Mapping[str, str]] = None, head: str = "127.0.0.1") -> None:
+def write_configs(
+    layout: Layout,
+    ports: Mapping[str, int],
+    user: str,
+    node_addresses: Optional[Mapping[str, str]] = None,
+    head: str = "127.0.0.1",
+) -> None:
     """``node_addresses`` (node -> its namespace's address) gives each node its own line and ``NodeAddr``,
     and slurmctld the ``head`` address the nodes reach it at; None: every node on 127.0.0.1."""
     munge_auth = f"AuthInfo=socket={layout.munge_socket},cred_expire=10"
@@ -70,16 +83,20 @@ def write_configs(layout: Layout, ports: Mapping[str, int], user: str,
     if node_addresses:
         node_lines = "\n".join(
             f"NodeName={n} NodeHostname=localhost NodeAddr={node_addresses[n]} Port={ports[f'slurmd-{n}']} "
-            f"CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN" for n in NODES)
+            f"CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} State=UNKNOWN"
+            for n in NODES
+        )
     else:
-        node_lines = (f"NodeName={node_range} NodeHostname=localhost NodeAddr=127.0.0.1 "
-                      f"Port={first_slurmd}-{last_slurmd} CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} "
-                      f"State=UNKNOWN")
+        node_lines = (
+            f"NodeName={node_range} NodeHostname=localhost NodeAddr=127.0.0.1 "
+            f"Port={first_slurmd}-{last_slurmd} CPUs={CPUS_PER_NODE} RealMemory={MEMORY_MB_PER_NODE} "
+            f"State=UNKNOWN"
+        )
     slurm_conf = f"""\
 # Written by workbench.devcluster; rewritten by every cold `up`.
 ClusterName={CLUSTER_NAME}
 SlurmctldHost=localhost({head})
-SlurmctldPort={ports['slurmctld']}
+SlurmctldPort={ports["slurmctld"]}
 # slurmctld binds the address its hostname resolves to, not every interface (lifecycle: its hostname is the head's).
 CommunicationParameters={CTLD_PARAMS}
 # slurmd reads slurmd.conf (this file plus NoInAddrAny): without this, slurmctld logs a hash mismatch per node.
@@ -93,7 +110,7 @@ StateSaveLocation={layout.ctld_state}
 SlurmdSpoolDir={spool}/slurmd-%n
 SlurmctldPidFile={layout.run}/slurmctld.pid
 SlurmdPidFile={layout.run}/slurmd-%n.pid
-SlurmctldLogFile={layout.log_of('slurmctld')}
+SlurmctldLogFile={layout.log_of("slurmctld")}
 SlurmdLogFile={layout.log}/slurmd-%n.log
 SlurmctldDebug=info
 SlurmdDebug=info
@@ -115,7 +132,7 @@ SlurmctldTimeout=20
 InactiveLimit=0
 AccountingStorageType=accounting_storage/slurmdbd
 AccountingStorageHost={head}
-AccountingStoragePort={ports['slurmdbd']}
+AccountingStoragePort={ports["slurmdbd"]}
 # slurmctld authenticates to slurmdbd through this munge socket; without it: "no TRES from database".
 AccountingStoragePass={layout.munge_socket}
 AccountingStorageEnforce=associations
@@ -131,10 +148,10 @@ DbdHost=localhost
 DbdAddr={head}
 # slurmdbd binds the address its hostname resolves to, not every interface (lifecycle: its hostname is the head's).
 CommunicationParameters=NoInAddrAny
-DbdPort={ports['slurmdbd']}
+DbdPort={ports["slurmdbd"]}
 SlurmUser={user}
 PidFile={layout.run}/slurmdbd.pid
-LogFile={layout.log_of('slurmdbd')}
+LogFile={layout.log_of("slurmdbd")}
 DebugLevel=info
 StorageType=accounting_storage/mysql
 # localhost: MariaDB's Unix socket, found through $MYSQL_UNIX_PORT (slurmdbd.conf has no socket key).
@@ -144,15 +161,20 @@ StoragePass={db_password(layout)}
 StorageLoc={DB_NAME}
 """
     layout.slurm_conf.write_text(slurm_conf)
-    layout.slurmd_conf.write_text(slurm_conf.replace(f"CommunicationParameters={CTLD_PARAMS}\n",
-                                                     f"CommunicationParameters={SLURMD_PARAMS}\n"))
+    layout.slurmd_conf.write_text(
+        slurm_conf.replace(f"CommunicationParameters={CTLD_PARAMS}\n", f"CommunicationParameters={SLURMD_PARAMS}\n")
+    )
     layout.slurmdbd_conf.write_text(slurmdbd_conf)
     # slurmdbd refuses a slurmdbd.conf that others can read (it holds the DB password).
     layout.slurmdbd_conf.chmod(0o600)
 
 
-def write_hosts(layout: Layout, node_addresses: Mapping[str, str], hostname: Optional[str] = None,
-                etc_hosts: Path = Path("/etc/hosts")) -> dict[str, Path]:
+def write_hosts(
+    layout: Layout,
+    node_addresses: Mapping[str, str],
+    hostname: Optional[str] = None,
+    etc_hosts: Path = Path("/etc/hosts"),
+) -> dict[str, Path]:
     """Per node, ``etc_hosts`` with ``hostname`` (this host's) resolving to the node's address; node -> path.
 
     Each node's slurmd sees its file as /etc/hosts (:func:`.daemons.as_node`), so with ``NoInAddrAny`` it
@@ -172,6 +194,7 @@ def write_hosts(layout: Layout, node_addresses: Mapping[str, str], hostname: Opt
     paths = {}
     for node, addr in node_addresses.items():
         paths[node] = layout.hosts_of(node)
-        paths[node].write_text("\n".join(["# Written by workbench.devcluster for node " + node, *kept,
-                                          f"{addr} {hostname}"]) + "\n")
+        paths[node].write_text(
+            "\n".join(["# Written by workbench.devcluster for node " + node, *kept, f"{addr} {hostname}"]) + "\n"
+        )
     return paths

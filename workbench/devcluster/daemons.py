@@ -21,12 +21,22 @@ from typing import Any, Mapping, Optional
 import psutil
 
 from workbench.cluster.procs import HOST, Proc, start_time
-
 from workbench.devcluster.layout import NODES, DevClusterError, Layout, write_state
 
 REQUIRED_PROGRAMS = (
-    "munged", "mungekey", "mariadb-install-db", "mariadbd", "mariadb",
-    "slurmdbd", "slurmctld", "slurmd", "sacctmgr", "scontrol", "sinfo", "squeue", "scancel",
+    "munged",
+    "mungekey",
+    "mariadb-install-db",
+    "mariadbd",
+    "mariadb",
+    "slurmdbd",
+    "slurmctld",
+    "slurmd",
+    "sacctmgr",
+    "scontrol",
+    "sinfo",
+    "squeue",
+    "scancel",
 )
 INSTALL_HINT = "run scripts/install-slurm.sh (Debian: slurm-wlm slurmdbd munge mariadb-server)"
 
@@ -70,8 +80,17 @@ def as_node(hosts_file: os.PathLike | str) -> list[str]:
     ``slave``: mounts made on this host later still show inside; the bind mount
     never shows outside, and goes with the last process of the namespace.
     """
-    return ["unshare", "--mount", "--propagation", "slave", "--",
-            "sh", "-c", 'mount --bind "$0" /etc/hosts && exec "$@"', str(hosts_file)]
+    return [
+        "unshare",
+        "--mount",
+        "--propagation",
+        "slave",
+        "--",
+        "sh",
+        "-c",
+        'mount --bind "$0" /etc/hosts && exec "$@"',
+        str(hosts_file),
+    ]
 
 
 def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[str, str]) -> None:
@@ -81,8 +100,15 @@ def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[s
     """
     out = open(layout.log / f"{name}.stdout", "ab")
     try:
-        proc = subprocess.Popen(cmd, env=dict(env), stdin=subprocess.DEVNULL, stdout=out,
-                                stderr=subprocess.STDOUT, start_new_session=True, cwd=layout.root)
+        proc = subprocess.Popen(
+            cmd,
+            env=dict(env),
+            stdin=subprocess.DEVNULL,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,
+            cwd=layout.root,
+        )
     finally:
         out.close()
     state["daemons"][name] = {"pid": proc.pid, "started": start_time(proc.pid), "argv": cmd}
@@ -171,6 +197,7 @@ def wait_until(condition, deadline: float, layout: Layout, daemon: str, poll_s: 
     """Poll ``condition`` until true; past ``deadline``, DevClusterError naming ``daemon``'s logs."""
     while not condition():
         if time.monotonic() > deadline:
-            raise DevClusterError(f"{daemon} not ready in time; see {layout.log_of(daemon)} "
-                                  f"and {layout.log / (daemon + '.stdout')}")
+            raise DevClusterError(
+                f"{daemon} not ready in time; see {layout.log_of(daemon)} and {layout.log / (daemon + '.stdout')}"
+            )
         time.sleep(poll_s)

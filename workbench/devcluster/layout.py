@@ -94,12 +94,16 @@ def check_state_dir(layout: Layout) -> None:
     """slurm.conf cannot quote paths, AuthInfo splits on commas, Unix sockets have 107 bytes."""
     text = str(layout.root)
     if any(c.isspace() or c in ",=#\"'" for c in text):
-        raise DevClusterError(f"state_dir {text!r}: must not contain whitespace, quotes, ',', '=' or '#' "
-                              f"(set ${ENV_STATE_DIR} or pass another directory)")
+        raise DevClusterError(
+            f"state_dir {text!r}: must not contain whitespace, quotes, ',', '=' or '#' "
+            f"(set ${ENV_STATE_DIR} or pass another directory)"
+        )
     longest = max(len(os.fsencode(p)) for p in (layout.munge_socket, layout.mysql_socket))
     if longest > MAX_SOCKET_PATH:
-        raise DevClusterError(f"state_dir {text!r}: too long for a Unix socket path inside it "
-                              f"({longest} > {MAX_SOCKET_PATH} bytes); use a shorter directory")
+        raise DevClusterError(
+            f"state_dir {text!r}: too long for a Unix socket path inside it "
+            f"({longest} > {MAX_SOCKET_PATH} bytes); use a shorter directory"
+        )
 
 
 @contextmanager

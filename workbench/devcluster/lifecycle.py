@@ -13,10 +13,33 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from workbench.devcluster.config import choose_ports, write_configs, write_hosts
-from workbench.devcluster.daemons import alive, as_host, as_node, check_programs, daemon_env, run_client, start, stop_recorded, wait_until
-from workbench.devcluster.layout import ACCOUNT, CLUSTER_NAME, DAEMONS, NODES, PARTITION, DevClusterError, Layout, check_state_dir, locked, read_state, resolve_state_dir, write_state
 from workbench.devcluster import netns
+from workbench.devcluster.config import choose_ports, write_configs, write_hosts
+from workbench.devcluster.daemons import (
+    alive,
+    as_host,
+    as_node,
+    check_programs,
+    daemon_env,
+    run_client,
+    start,
+    stop_recorded,
+    wait_until,
+)
+from workbench.devcluster.layout import (
+    ACCOUNT,
+    CLUSTER_NAME,
+    DAEMONS,
+    NODES,
+    PARTITION,
+    DevClusterError,
+    Layout,
+    check_state_dir,
+    locked,
+    read_state,
+    resolve_state_dir,
+    write_state,
+)
 from workbench.devcluster.services import ensure_associations, start_mariadb, start_munged, start_slurmdbd
 
 StateDir = Optional[os.PathLike | str]
@@ -27,8 +50,7 @@ def client_env(state_dir: StateDir = None) -> dict[str, str]:
     return {"SLURM_CONF": str(Layout(resolve_state_dir(state_dir)).slurm_conf)}
 
 
-def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = True,
-       say=print) -> dict[str, Any]:
+def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = True, say=print) -> dict[str, Any]:
     """Start the cluster unless it is already up; wait until its nodes are idle.
 
     With ``namespaces`` each node's slurmd runs in its own network namespace
@@ -50,8 +72,7 @@ def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = T
         started = not (state and all(alive(state["daemons"].get(d)) for d in DAEMONS))
         if started:
             stop_recorded(state)
-            state = _start_all(layout, state, deadline=time.monotonic() + timeout_s,
-                               network=_network(namespaces, say))
+            state = _start_all(layout, state, deadline=time.monotonic() + timeout_s, network=_network(namespaces, say))
     return _describe(layout, state, started=started, seconds=time.monotonic() - t0)
 
 
@@ -107,8 +128,7 @@ def status(state_dir: StateDir = None) -> dict[str, Any]:
     layout = Layout(resolve_state_dir(state_dir))
     state = read_state(layout) or {"daemons": {}}
     daemons = {
-        d: {"pid": (state["daemons"].get(d) or {}).get("pid"), "alive": alive(state["daemons"].get(d))}
-        for d in DAEMONS
+        d: {"pid": (state["daemons"].get(d) or {}).get("pid"), "alive": alive(state["daemons"].get(d))} for d in DAEMONS
     }
     nodes: dict[str, str] = {}
     if daemons["slurmctld"]["alive"]:
@@ -127,8 +147,7 @@ def _network(namespaces: bool, say) -> dict[str, Any]:
     """The network ``up`` is about to build: per-node namespaces where possible, else logical nodes."""
     if namespaces:
         busy = [ns for ns in netns.ours()["netns"] if netns.pids(ns)]
-        why = (f"namespaces {' '.join(busy)} are in use by another dev cluster" if busy
-               else netns.available())
+        why = f"namespaces {' '.join(busy)} are in use by another dev cluster" if busy else netns.available()
         if why is None:
             return {"mode": "netns", "head": netns.HEAD_ADDRESS, "nodes": netns.addresses(NODES)}
         say(f"workbench cluster up: no network namespaces ({why}); nodes are logical, all on 127.0.0.1")
@@ -199,13 +218,14 @@ def _slurmd_record(conf: Optional[str], node: str) -> tuple[Layout, dict, dict]:
     state = read_state(layout) if layout else None
     entry = (state or {}).get("daemons", {}).get(f"slurmd-{node}")
     if not entry:
-        raise DevClusterError(f"node {node}'s slurmd is not one the dev cluster started "
-                              f"(slurm.conf {conf}); on a real cluster ask its admins")
+        raise DevClusterError(
+            f"node {node}'s slurmd is not one the dev cluster started "
+            f"(slurm.conf {conf}); on a real cluster ask its admins"
+        )
     return layout, state, entry
 
 
-def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
-               network: dict[str, Any]) -> dict[str, Any]:
+def _start_all(layout: Layout, old_state: Optional[dict], deadline: float, network: dict[str, Any]) -> dict[str, Any]:
     for d in (layout.etc, layout.log, layout.run, layout.munge, layout.ctld_state, layout.slurmd_spool):
         d.mkdir(parents=True, exist_ok=True)
     user = getpass.getuser()
@@ -226,14 +246,28 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float,
         start_mariadb(layout, state, user, deadline)
         start_slurmdbd(layout, state, network["head"], deadline)
         ensure_associations(layout, user)
-        start(layout, state, "slurmctld", [*as_host(network["head"]), "slurmctld", "-D", "-f", str(layout.slurm_conf)],
-              env)
-        wait_until(lambda: "is UP" in run_client(layout, ["scontrol", "ping"], check=False).stdout,
-                   deadline, layout, "slurmctld")
+        start(
+            layout,
+            state,
+            "slurmctld",
+            [*as_host(network["head"]), "slurmctld", "-D", "-f", str(layout.slurm_conf)],
+            env,
+        )
+        wait_until(
+            lambda: "is UP" in run_client(layout, ["scontrol", "ping"], check=False).stdout,
+            deadline,
+            layout,
+            "slurmctld",
+        )
         for node in NODES:
             prefix = netns.exec_prefix(node) if namespaced else []
-            start(layout, state, f"slurmd-{node}",
-                  [*as_node(hosts[node]), *prefix, "slurmd", "-D", "-N", node, "-f", str(layout.slurmd_conf)], env)
+            start(
+                layout,
+                state,
+                f"slurmd-{node}",
+                [*as_node(hosts[node]), *prefix, "slurmd", "-D", "-N", node, "-f", str(layout.slurmd_conf)],
+                env,
+            )
         wait_until(lambda: _nodes_registered(layout), deadline, layout, "slurmd-n1")
         if not fresh_ctld:
             _resume_unusable_nodes(layout)
@@ -264,8 +298,9 @@ def _node_states(layout: Layout) -> dict[str, str]:
 
 def _nodes_registered(layout: Layout) -> bool:
     states = _node_states(layout)
-    return set(states) == set(NODES) and not any(s.startswith(("unknown", "not_responding")) or s.endswith("*")
-                                                 for s in states.values())
+    return set(states) == set(NODES) and not any(
+        s.startswith(("unknown", "not_responding")) or s.endswith("*") for s in states.values()
+    )
 
 
 def _resume_unusable_nodes(layout: Layout) -> None:
@@ -277,6 +312,7 @@ def _resume_unusable_nodes(layout: Layout) -> None:
 
 def _cancel_all_jobs(layout: Layout, deadline: float) -> None:
     """Cancel every job and wait until none is left; slurmstepd and job processes outlive slurmd otherwise."""
+
     def job_ids() -> list[str]:
         return run_client(layout, ["squeue", "-h", "-o", "%i"], check=False).stdout.split()
 

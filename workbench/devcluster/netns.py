@@ -157,8 +157,10 @@ def link_bytes(node: str) -> dict[str, int]:
 
 
 def describe(node_addresses: Mapping[str, str]) -> dict[str, dict[str, str]]:
-    return {node: {"address": addr, "netns": namespace(node), "link": host_link(node)}
-            for node, addr in node_addresses.items()}
+    return {
+        node: {"address": addr, "netns": namespace(node), "link": host_link(node)}
+        for node, addr in node_addresses.items()
+    }
 
 
 def listeners(node: str) -> list[tuple[str, int, str]]:

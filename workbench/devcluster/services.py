@@ -25,8 +25,11 @@ from workbench.devcluster.layout import ACCOUNT, CLUSTER_NAME, Layout
 # Small and fast rather than durable across host crashes: this is a throw-away accounting DB.
 # (slurmdbd logs that these are "not recommended values"; harmless here.)
 MARIADB_TUNING = (
-    "--innodb-buffer-pool-size=32M", "--innodb-log-file-size=16M", "--skip-log-bin",
-    "--innodb-flush-log-at-trx-commit=2", "--innodb-doublewrite=0",
+    "--innodb-buffer-pool-size=32M",
+    "--innodb-log-file-size=16M",
+    "--skip-log-bin",
+    "--innodb-flush-log-at-trx-commit=2",
+    "--innodb-doublewrite=0",
     # slurmdbd's schema set-up holds locks for long on a busy host
     "--innodb-lock-wait-timeout=900",
 )
@@ -41,11 +44,21 @@ def start_munged(layout: Layout, state: dict) -> None:
     layout.munge_socket_dir.mkdir(exist_ok=True)
     os.chmod(layout.munge_socket_dir, 0o755)
     layout.munge_socket.unlink(missing_ok=True)
-    start(layout, state, "munged", [
-        "munged", "--foreground", "--force",
-        f"--socket={layout.munge_socket}", f"--key-file={layout.munge_key}",
-        f"--pid-file={layout.run / 'munged.pid'}", f"--seed-file={layout.munge / 'munged.seed'}",
-    ], daemon_env(layout))
+    start(
+        layout,
+        state,
+        "munged",
+        [
+            "munged",
+            "--foreground",
+            "--force",
+            f"--socket={layout.munge_socket}",
+            f"--key-file={layout.munge_key}",
+            f"--pid-file={layout.run / 'munged.pid'}",
+            f"--seed-file={layout.munge / 'munged.seed'}",
+        ],
+        daemon_env(layout),
+    )
     wait_until(lambda: layout.munge_socket.exists(), time.monotonic() + 15, layout, "munged")
 
 
@@ -53,19 +66,41 @@ def start_mariadb(layout: Layout, state: dict, user: str, deadline: float) -> No
     """Start MariaDB on its Unix socket only; make the accounts slurmdbd and the cluster's user need."""
     if not (layout.mysql_data / "mysql").is_dir():
         shutil.rmtree(layout.mysql_data, ignore_errors=True)
-        subprocess.run([
-            "mariadb-install-db", "--no-defaults", f"--datadir={layout.mysql_data}", f"--user={user}",
-            "--auth-root-authentication-method=socket", f"--auth-root-socket-user={user}",
-            "--skip-test-db", *MARIADB_TUNING,
-        ], check=True, capture_output=True, text=True)
+        subprocess.run(
+            [
+                "mariadb-install-db",
+                "--no-defaults",
+                f"--datadir={layout.mysql_data}",
+                f"--user={user}",
+                "--auth-root-authentication-method=socket",
+                f"--auth-root-socket-user={user}",
+                "--skip-test-db",
+                *MARIADB_TUNING,
+            ],
+            check=True,
+            capture_output=True,
+            text=True,
+        )
     layout.run.chmod(0o700)
     layout.mysql_socket.unlink(missing_ok=True)
-    start(layout, state, "mariadbd", [
-        "mariadbd", "--no-defaults", f"--datadir={layout.mysql_data}", f"--user={user}",
-        f"--socket={layout.mysql_socket}", "--skip-networking",
-        f"--pid-file={layout.run / 'mariadbd.pid'}", f"--log-error={layout.log_of('mariadbd')}",
-        "--skip-name-resolve", *MARIADB_TUNING,
-    ], daemon_env(layout))
+    start(
+        layout,
+        state,
+        "mariadbd",
+        [
+            "mariadbd",
+            "--no-defaults",
+            f"--datadir={layout.mysql_data}",
+            f"--user={user}",
+            f"--socket={layout.mysql_socket}",
+            "--skip-networking",
+            f"--pid-file={layout.run / 'mariadbd.pid'}",
+            f"--log-error={layout.log_of('mariadbd')}",
+            "--skip-name-resolve",
+            *MARIADB_TUNING,
+        ],
+        daemon_env(layout),
+    )
     accounts = _accounts_sql(user, db_password(layout))
     wait_until(lambda: _as_superuser(layout, user, accounts), deadline, layout, "mariadbd")
 
@@ -76,20 +111,26 @@ def _accounts_sql(user: str, password: str) -> str:
     Also brings a state directory made before this (root with an empty
     password, also at 127.0.0.1, ::1 and the host name) to the same accounts.
     """
-    superuser = [] if user == "root" else [
-        f"CREATE USER IF NOT EXISTS '{user}'@'localhost' IDENTIFIED VIA unix_socket;",
-        f"ALTER USER '{user}'@'localhost' IDENTIFIED VIA unix_socket;",
-        f"GRANT ALL PRIVILEGES ON *.* TO '{user}'@'localhost' WITH GRANT OPTION;",
-    ]
-    return "".join([
-        f"DELETE FROM mysql.global_priv WHERE user = '' OR (user IN ('root', '{DB_USER}') AND host <> 'localhost');",
-        "FLUSH PRIVILEGES;",
-        *superuser,
-        "ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket;",
-        f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{password}';",
-        f"ALTER USER '{DB_USER}'@'localhost' IDENTIFIED BY '{password}';",
-        f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost';",
-    ])
+    superuser = (
+        []
+        if user == "root"
+        else [
+            f"CREATE USER IF NOT EXISTS '{user}'@'localhost' IDENTIFIED VIA unix_socket;",
+            f"ALTER USER '{user}'@'localhost' IDENTIFIED VIA unix_socket;",
+            f"GRANT ALL PRIVILEGES ON *.* TO '{user}'@'localhost' WITH GRANT OPTION;",
+        ]
+    )
+    return "".join(
+        [
+            f"DELETE FROM mysql.global_priv WHERE user = '' OR (user IN ('root', '{DB_USER}') AND host <> 'localhost');",
+            "FLUSH PRIVILEGES;",
+            *superuser,
+            "ALTER USER 'root'@'localhost' IDENTIFIED VIA unix_socket;",
+            f"CREATE USER IF NOT EXISTS '{DB_USER}'@'localhost' IDENTIFIED BY '{password}';",
+            f"ALTER USER '{DB_USER}'@'localhost' IDENTIFIED BY '{password}';",
+            f"GRANT ALL ON {DB_NAME}.* TO '{DB_USER}'@'localhost';",
+        ]
+    )
 
 
 def _as_superuser(layout: Layout, user: str, sql: str) -> bool:
@@ -107,12 +148,17 @@ def _as_superuser(layout: Layout, user: str, sql: str) -> bool:
 def start_slurmdbd(layout: Layout, state: dict, head: str, deadline: float) -> None:
     env = {**daemon_env(layout), "MYSQL_UNIX_PORT": str(layout.mysql_socket)}
     start(layout, state, "slurmdbd", [*as_host(head), "slurmdbd", "-D"], env)
-    wait_until(lambda: run_client(layout, ["sacctmgr", "-n", "-P", "list", "cluster"], check=False).returncode == 0,
-               deadline, layout, "slurmdbd")
+    wait_until(
+        lambda: run_client(layout, ["sacctmgr", "-n", "-P", "list", "cluster"], check=False).returncode == 0,
+        deadline,
+        layout,
+        "slurmdbd",
+    )
 
 
 def ensure_associations(layout: Layout, user: str) -> None:
     """Cluster, account and the user's association; sacctmgr refuses duplicates, so ask first."""
+
     def listed(entity: str, *fmt: str) -> set[str]:
         out = run_client(layout, ["sacctmgr", "-n", "-P", "list", entity, f"format={','.join(fmt)}"]).stdout
         return {line.strip() for line in out.splitlines() if line.strip()}
@@ -120,8 +166,30 @@ def ensure_associations(layout: Layout, user: str) -> None:
     if CLUSTER_NAME not in listed("cluster", "Cluster"):
         run_client(layout, ["sacctmgr", "-i", "add", "cluster", CLUSTER_NAME])
     if ACCOUNT not in listed("account", "Account"):
-        run_client(layout, ["sacctmgr", "-i", "add", "account", ACCOUNT, f"Cluster={CLUSTER_NAME}",
-                            "Description=workbench dev cluster", "Organization=workbench"])
+        run_client(
+            layout,
+            [
+                "sacctmgr",
+                "-i",
+                "add",
+                "account",
+                ACCOUNT,
+                f"Cluster={CLUSTER_NAME}",
+                "Description=workbench dev cluster",
+                "Organization=workbench",
+            ],
+        )
     if f"{user}|{ACCOUNT}" not in listed("association", "User", "Account"):
-        run_client(layout, ["sacctmgr", "-i", "add", "user", user, f"Account={ACCOUNT}",
-                            f"DefaultAccount={ACCOUNT}", f"Cluster={CLUSTER_NAME}"])
+        run_client(
+            layout,
+            [
+                "sacctmgr",
+                "-i",
+                "add",
+                "user",
+                user,
+                f"Account={ACCOUNT}",
+                f"DefaultAccount={ACCOUNT}",
+                f"Cluster={CLUSTER_NAME}",
+            ],
+        )

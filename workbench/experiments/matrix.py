@@ -42,19 +42,25 @@ import numpy as np
 import pandas as pd
 
 from workbench import analysis
-from workbench.faults import kinds as faultkinds
+from workbench.errors import SpecError
 from workbench.events.log import EventReader
-from workbench.run.rundir import write_json_text
-from workbench.state.fold import run_state_of
-from workbench.spec.models import Spec, SpecError
-from workbench.spec.load import load_spec
 from workbench.experiments.sweep import Sweep, attach_sweep, sweep
+from workbench.faults import kinds as faultkinds
+from workbench.run.rundir import write_json_text
+from workbench.spec.load import load_spec
+from workbench.spec.models import Spec
+from workbench.state.fold import run_state_of
 from workbench.trainers.registry import trainer_kind
 
 MATRIX_JSON = "matrix.json"
 OUTCOMES = ("recovered", "survivors_crashed", "unrecovered", "run_failed", "not_injected")
-PHASES = {"detect": "detected", "quorum_without": "quorum_without_victim", "replacement": "replacement_started",
-          "healed_or_restored": "heal_done", "first_step": "participating"}
+PHASES = {
+    "detect": "detected",
+    "quorum_without": "quorum_without_victim",
+    "replacement": "replacement_started",
+    "healed_or_restored": "heal_done",
+    "first_step": "participating",
+}
 
 
 def _names(value, what: str, allowed: Sequence[str]) -> list[str]:
@@ -68,9 +74,16 @@ def _names(value, what: str, allowed: Sequence[str]) -> list[str]:
     return list(dict.fromkeys(items))
 
 
-def plan(base: Spec, faults, trainers=None, backends=None, trials: int = 10,
-         window: Optional[tuple[int, int]] = None, seed: int = 0,
-         seconds: Optional[float] = None) -> tuple[list[dict], list[dict]]:
+def plan(
+    base: Spec,
+    faults,
+    trainers=None,
+    backends=None,
+    trials: int = 10,
+    window: Optional[tuple[int, int]] = None,
+    seed: int = 0,
+    seconds: Optional[float] = None,
+) -> tuple[list[dict], list[dict]]:
     """The cells and the points (one per trial of a runnable cell); pure, nothing created."""
     from workbench.cluster import backend_names
     from workbench.trainers.registry import trainer_names
@@ -98,7 +111,7 @@ def plan(base: Spec, faults, trainers=None, backends=None, trials: int = 10,
                 cells.append(cell)
                 if "why_not" in cell:
                     continue
-                for trial in range(trials):
+                for _trial in range(trials):
                     f = {"action": fault, "at_step": int(rng.integers(lo, hi + 1))}
                     if kind.targets == "replica":
                         f["target"] = int(rng.integers(base.replicas))
@@ -130,11 +143,15 @@ def matrix(
     base = load_spec(base.to_dict(), {"faults": [], "chaos": None})
     cells, points = plan(base, faults, trainers, backends, trials, window, seed, seconds)
     if not points:
-        raise SpecError("matrix: no cell can run: " + "; ".join(f"{c['fault']} × {c['trainer']} × {c['backend']}: "
-                                                                f"{c['why_not']}" for c in cells))
+        raise SpecError(
+            "matrix: no cell can run: "
+            + "; ".join(f"{c['fault']} × {c['trainer']} × {c['backend']}: {c['why_not']}" for c in cells)
+        )
     sw = sweep(base, points=points, max_parallel=max_parallel)
-    write_json_text(sw.sweep_dir / MATRIX_JSON, json.dumps(
-        {"cells": cells, "trials": trials, "window": window, "seed": seed}, indent=1) + "\n")
+    write_json_text(
+        sw.sweep_dir / MATRIX_JSON,
+        json.dumps({"cells": cells, "trials": trials, "window": window, "seed": seed}, indent=1) + "\n",
+    )
     return Matrix(sw.sweep_dir, sweep=sw)
 
 
@@ -208,17 +225,39 @@ class Matrix:
             elastic = trainer_kind(c["trainer"]).elastic
             for trial, p in enumerate(c["points"]):
                 run = runs.get(p)
-                row = {"cell": c["cell"], "fault": c["fault"], "trainer": c["trainer"], "backend": c["backend"],
-                       "trial": trial, "point": p, "at_step": points[p]["faults"][0]["at_step"],
-                       "target": points[p]["faults"][0].get("target"),
-                       "run_dir": str(run.run_dir) if run is not None else None}
+                row = {
+                    "cell": c["cell"],
+                    "fault": c["fault"],
+                    "trainer": c["trainer"],
+                    "backend": c["backend"],
+                    "trial": trial,
+                    "point": p,
+                    "at_step": points[p]["faults"][0]["at_step"],
+                    "target": points[p]["faults"][0].get("target"),
+                    "run_dir": str(run.run_dir) if run is not None else None,
+                }
                 if run is not None and run.state() in ("completed", "failed", "stopped"):
                     row.update(self._outcome(run.run_dir, elastic))
                 else:
                     row.update({"outcome": None, "injected": None, **dict.fromkeys(PHASES, np.nan)})
                 rows.append(row)
-        return pd.DataFrame(rows, columns=["cell", "fault", "trainer", "backend", "trial", "point", "at_step",
-                                           "target", "run_dir", "outcome", "injected", *PHASES])
+        return pd.DataFrame(
+            rows,
+            columns=[
+                "cell",
+                "fault",
+                "trainer",
+                "backend",
+                "trial",
+                "point",
+                "at_step",
+                "target",
+                "run_dir",
+                "outcome",
+                "injected",
+                *PHASES,
+            ],
+        )
 
     def _outcome(self, run_dir, elastic: bool) -> dict:
         key = str(run_dir)
@@ -238,9 +277,14 @@ class Matrix:
         for c in self.cells:
             t = trials[trials["cell"] == c["cell"]]
             done = t[t["outcome"].notna()]
-            row = {"fault": c["fault"], "trainer": c["trainer"], "backend": c["backend"],
-                   "status": c.get("why_not") or ("done" if len(done) == len(t) else f"{len(done)}/{len(t)} done"),
-                   "trials": len(t), **{o: int((done["outcome"] == o).sum()) for o in OUTCOMES}}
+            row = {
+                "fault": c["fault"],
+                "trainer": c["trainer"],
+                "backend": c["backend"],
+                "status": c.get("why_not") or ("done" if len(done) == len(t) else f"{len(done)}/{len(t)} done"),
+                "trials": len(t),
+                **{o: int((done["outcome"] == o).sum()) for o in OUTCOMES},
+            }
             n = len(done) - row["not_injected"]
             row["rate"] = row["recovered"] / n if n else np.nan
             row["ci_low"], row["ci_high"] = wilson(row["recovered"], n)
@@ -285,13 +329,23 @@ def heatmap_figure(table: pd.DataFrame, value: str = "rate"):
         z[i, j] = v
         n = r.trials - r.not_injected
         if value == "rate":
-            text[i][j] = (f"{r.recovered}/{n} [{r.ci_low:.2f}, {r.ci_high:.2f}]" if n else "no trial yet")
+            text[i][j] = f"{r.recovered}/{n} [{r.ci_low:.2f}, {r.ci_high:.2f}]" if n else "no trial yet"
         else:
             text[i][j] = "" if np.isnan(v) else f"{v:.1f} s"
     title = "recovery rate (Wilson 95%)" if value == "rate" else value.replace("_", " ")
     z = [[None if np.isnan(v) else float(v) for v in row] for row in z]  # plain lists: a gap is null in the JSON
-    fig = go.Figure(go.Heatmap(z=z, x=cols, y=rows, text=text, texttemplate="%{text}", colorscale="RdYlGn"
-                               if value == "rate" else "Viridis", zmin=0 if value == "rate" else None,
-                               zmax=1 if value == "rate" else None, hoverongaps=True))
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=cols,
+            y=rows,
+            text=text,
+            texttemplate="%{text}",
+            colorscale="RdYlGn" if value == "rate" else "Viridis",
+            zmin=0 if value == "rate" else None,
+            zmax=1 if value == "rate" else None,
+            hoverongaps=True,
+        )
+    )
     fig.update_layout(title=title, height=120 + 60 * len(rows), yaxis=dict(autorange="reversed"))
     return fig

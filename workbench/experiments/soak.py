@@ -37,11 +37,11 @@ import math
 import sys
 
 from workbench import analysis
-from workbench.faults import kinds as faultkinds
 from workbench.cluster import backend_names
+from workbench.faults import kinds as faultkinds
 from workbench.run.handle import Run, submit
-from workbench.spec.schedule import materialize
 from workbench.spec.load import load_spec
+from workbench.spec.schedule import materialize
 
 
 def unexplained_crashes(events: list[dict]) -> list[dict]:
@@ -57,8 +57,11 @@ def unexplained_crashes(events: list[dict]) -> list[dict]:
     for e in events:
         if e["kind"] in ("submit", "restart") and isinstance(e.get("replica"), int):
             born.setdefault((e["replica"], e.get("attempt", 0)), e["t"])
-    faults = [e for e in events if e["kind"] == "fault" and e.get("action") != faultkinds.RESUME
-              and isinstance(e.get("target"), int)]
+    faults = [
+        e
+        for e in events
+        if e["kind"] == "fault" and e.get("action") != faultkinds.RESUME and isinstance(e.get("target"), int)
+    ]
     out = []
     for job in events:
         if job["kind"] != "job" or job.get("clean") or job.get("reason") == "stopped":
@@ -95,7 +98,9 @@ def check_invariants(run: Run) -> dict:
         "faults": len(faults),
         "faults_scheduled": scheduled,
         "faults_not_fired": scheduled - sum(1 for e in faults if e.get("origin") == "schedule"),
-        "faults_by_action": {a: sum(1 for e in faults if e["action"] == a) for a in sorted({e["action"] for e in faults})},
+        "faults_by_action": {
+            a: sum(1 for e in faults if e["action"] == a) for a in sorted({e["action"] for e in faults})
+        },
         "restarts": sum(1 for e in events if e["kind"] == "restart"),
         "heals": sum(1 for e in events if e["kind"] == "heal"),
         "survivor_crashes": len(crashes),
@@ -111,11 +116,16 @@ def check_invariants(run: Run) -> dict:
         "survivor_steps_lost": analysis.survivor_steps(events)[0],
     }
     result["invariants_hold"] = (
-        result["state"] == "completed" and result["steps"] == result["steps_target"]
-        and result["survivor_crashes"] == 0 and duplicates == 0 and backwards == 0
-        and result["final_weights_distinct"] == 1 and not bad_restores
+        result["state"] == "completed"
+        and result["steps"] == result["steps_target"]
+        and result["survivor_crashes"] == 0
+        and duplicates == 0
+        and backwards == 0
+        and result["final_weights_distinct"] == 1
+        and not bad_restores
         and result["timeline_rows"] == result["faults"]
-        and result["timeline_incomplete"] == 0 and result["faults_not_fired"] == 0
+        and result["timeline_incomplete"] == 0
+        and result["faults_not_fired"] == 0
     )
     return result
 
@@ -145,13 +155,31 @@ def commit_invariants(events: list[dict]) -> dict:
     cuts = []
     for f in events:
         if f.get("kind") == "fault" and f.get("action") == "partition":
-            back = next((r["t"] for r in events if r.get("kind") == "fault" and r.get("resumed") == "partition"
-                         and r.get("target") == f.get("target") and r["t"] > f["t"]), float("inf"))
+            back = next(
+                (
+                    r["t"]
+                    for r in events
+                    if r.get("kind") == "fault"
+                    and r.get("resumed") == "partition"
+                    and r.get("target") == f.get("target")
+                    and r["t"] > f["t"]
+                ),
+                float("inf"),
+            )
             cuts.append((f["target"], f["t"] + 1.0, back))
-    alone = [e for e in events if e.get("kind") == "step" and e.get("committed")
-             and any(e.get("replica") == r and lo < e["t"] < hi for r, lo, hi in cuts)]
-    return {"checksum_disagreements": len(disagree), "steps_committed_twice": twice,
-            "cut_off_commits": len(alone), "steps_checked": len(by_step)}
+    alone = [
+        e
+        for e in events
+        if e.get("kind") == "step"
+        and e.get("committed")
+        and any(e.get("replica") == r and lo < e["t"] < hi for r, lo, hi in cuts)
+    ]
+    return {
+        "checksum_disagreements": len(disagree),
+        "steps_committed_twice": twice,
+        "cut_off_commits": len(alone),
+        "steps_checked": len(by_step),
+    }
 
 
 def soak_mix(cluster: str) -> list[str]:
@@ -180,8 +208,14 @@ def soak_spec(faults: int, mtbf_s: float, seed: int, cluster: str, steps: int | 
         "spares": 1,
         "relaunch_delay_s": 0.0,
         "max_restarts": 10 * faults,
-        "chaos": {"mtbf_s": mtbf_s, "seed": seed, "actions": actions, "max_faults": faults,
-                  "start_s": 2.0, "hang_seconds": 2.0},
+        "chaos": {
+            "mtbf_s": mtbf_s,
+            "seed": seed,
+            "actions": actions,
+            "max_faults": faults,
+            "start_s": 2.0,
+            "hang_seconds": 2.0,
+        },
     }
     if steps is None:
         last_s = max(f.at_s for f in materialize(load_spec("demo", spec)).faults)
@@ -199,8 +233,9 @@ def main(argv=None) -> int:
     args = p.parse_args(argv)
     spec = soak_spec(args.faults, args.mtbf, args.seed, args.cluster, args.steps)
     run = submit("demo", spec)
-    print(f"soak: {args.faults} faults, mean {args.mtbf}s apart, {spec['steps']} steps; run dir {run.run_dir}",
-          flush=True)
+    print(
+        f"soak: {args.faults} faults, mean {args.mtbf}s apart, {spec['steps']} steps; run dir {run.run_dir}", flush=True
+    )
     try:
         run.wait(timeout=spec["steps"] * STEP_DELAY_S * 6 + 600)
     finally:

@@ -106,7 +106,11 @@ class Triggers:
         if replica is None:
             return None
         if kind == "checkpoint":
-            key, holds, released = ("checkpoint", replica), e.get("state") == "started" and e.get("held"), e.get("durable")
+            key, holds, released = (
+                ("checkpoint", replica),
+                e.get("state") == "started" and e.get("held"),
+                e.get("durable"),
+            )
         elif kind == "held":
             key, holds, released = (e.get("trigger"), replica), not e.get("released"), e.get("released")
         else:

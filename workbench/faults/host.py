@@ -139,8 +139,10 @@ def cut_link(kind: str, node: str) -> Made:
             made.commands.append(["ip", "link", "set", host, "up"])
             _run(["ip", "link", "set", host, "down"])
         else:
-            made.commands += [["tc", "qdisc", "del", "dev", host, "root"],
-                              ["tc", "-n", ns, "qdisc", "del", "dev", inside, "root"]]
+            made.commands += [
+                ["tc", "qdisc", "del", "dev", host, "root"],
+                ["tc", "-n", ns, "qdisc", "del", "dev", inside, "root"],
+            ]
             _run(["tc", "qdisc", "replace", "dev", host, "root", "tbf", *TBF])
             _run(["tc", "-n", ns, "qdisc", "replace", "dev", inside, "root", "tbf", *TBF])
     except HostFaultError:
@@ -154,8 +156,10 @@ def link_undo(kind: str, node: str) -> Made:
     host, ns, inside = f"{PREFIX}{node}", f"{PREFIX}{node}", f"{PREFIX}{node}p"
     if kind == "partition":
         return Made(kind, commands=[["ip", "link", "set", host, "up"]])
-    return Made(kind, commands=[["tc", "qdisc", "del", "dev", host, "root"],
-                                ["tc", "-n", ns, "qdisc", "del", "dev", inside, "root"]])
+    return Made(
+        kind,
+        commands=[["tc", "qdisc", "del", "dev", host, "root"], ["tc", "-n", ns, "qdisc", "del", "dev", inside, "root"]],
+    )
 
 
 def cgroups(run_id: Optional[str] = None) -> list[str]:
@@ -178,8 +182,13 @@ def release_cgroup(path: str) -> None:
 def qdiscs() -> list[str]:
     """Head-side links with :data:`PREFIX` that carry a ``tbf`` (namespaced ends go with ``cluster down``)."""
     r = subprocess.run(["tc", "qdisc", "show"], capture_output=True, text=True, timeout=20)
-    return sorted({line.split(" dev ")[1].split()[0] for line in r.stdout.splitlines()
-                   if line.startswith("qdisc tbf") and f" dev {PREFIX}" in line})
+    return sorted(
+        {
+            line.split(" dev ")[1].split()[0]
+            for line in r.stdout.splitlines()
+            if line.startswith("qdisc tbf") and f" dev {PREFIX}" in line
+        }
+    )
 
 
 def links_down() -> list[str]:

@@ -19,11 +19,11 @@ import time
 from pathlib import Path
 from typing import Optional, Protocol
 
-from workbench.faults import armed
-from workbench.faults import targets as fault_targets
-from workbench.faults import kinds as faultkinds
-from workbench.cluster.base import FaultError
+from workbench.errors import FaultError
 from workbench.events.log import EventWriter
+from workbench.faults import armed
+from workbench.faults import kinds as faultkinds
+from workbench.faults import targets as fault_targets
 from workbench.trainers.registry import trainer_kind
 
 ORIGINS = ("api", "cli", "button", "schedule", "watchdog")
@@ -56,9 +56,16 @@ def actions_for(run: RunHandle) -> list[str]:
     return [n for n in run.cluster.fault_kinds() if faultkinds.KINDS[n].supported_by(trainer)]
 
 
-def inject(run: RunHandle, action: str, target: Optional[int] = None, origin: str = "api",
-           seconds: Optional[float] = None, writer: Optional[EventWriter] = None, fire: bool = False,
-           **fields) -> dict:
+def inject(
+    run: RunHandle,
+    action: str,
+    target: Optional[int] = None,
+    origin: str = "api",
+    seconds: Optional[float] = None,
+    writer: Optional[EventWriter] = None,
+    fire: bool = False,
+    **fields,
+) -> dict:
     """Inject one fault and record it. Raises FaultError (nothing done) on bad input.
 
     A kind with a ``trigger`` is armed instead (an ``armed`` event; see ``workbench.faults.armed``)
@@ -71,8 +78,10 @@ def inject(run: RunHandle, action: str, target: Optional[int] = None, origin: st
         raise FaultError(f"action: {e}") from None
     trainer = trainer_kind(run.spec.trainer)
     if not kind.supported_by(trainer):
-        raise FaultError(f"action: {kind.name} does not apply to trainer {trainer.name} (it has no "
-                         f"{kind.process}); allowed: {', '.join(faultkinds.names_for(trainer, backend))}")
+        raise FaultError(
+            f"action: {kind.name} does not apply to trainer {trainer.name} (it has no "
+            f"{kind.process}); allowed: {', '.join(faultkinds.names_for(trainer, backend))}"
+        )
     if origin not in ORIGINS:
         raise FaultError(f"origin: {origin!r}; allowed: {', '.join(ORIGINS)}")
     if kind.has_duration:
@@ -86,8 +95,10 @@ def inject(run: RunHandle, action: str, target: Optional[int] = None, origin: st
     if kind.targets == "lighthouse":
         proc = state.lighthouse if state.lighthouse_up else None
         if proc is None or not proc.signal(signal.SIGKILL):
-            raise FaultError(f"{kind.name}: this run has no live lighthouse"
-                             + (f" ({proc.why_not()})" if proc is not None and proc.why_not() else ""))
+            raise FaultError(
+                f"{kind.name}: this run has no live lighthouse"
+                + (f" ({proc.why_not()})" if proc is not None and proc.why_not() else "")
+            )
         return writer.emit("fault", action=kind.name, target="lighthouse", pid=proc.pid, origin=origin)
     if target is None:
         raise FaultError(f"target: {kind.name} needs a replica index")

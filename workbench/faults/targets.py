@@ -17,8 +17,8 @@ from __future__ import annotations
 
 from typing import Optional
 
-from workbench.cluster.base import FaultError
 from workbench.cluster.procs import Proc
+from workbench.errors import FaultError
 
 
 def target_view(kind, trainer, state, target: int):

@@ -35,19 +35,39 @@ from typing import Callable, Optional
 
 from workbench.paths import CHECKOUT
 
-def later(run_dir, kind: str, seconds: float, signals: Optional[list] = None, argv: Optional[list[str]] = None,
-          fields: Optional[dict] = None, env: Optional[dict] = None, always: bool = False,
-          backend_undo: bool = False) -> list:
+
+def later(
+    run_dir,
+    kind: str,
+    seconds: float,
+    signals: Optional[list] = None,
+    argv: Optional[list[str]] = None,
+    fields: Optional[dict] = None,
+    env: Optional[dict] = None,
+    always: bool = False,
+    backend_undo: bool = False,
+) -> list:
     """Undo fault ``kind`` ``seconds`` from now; ``signals``: ``[pid, host, started, sig]`` each;
     ``backend_undo``: then call the backend's ``Cluster.undo``. Returns the helper's identity
     ``[pid, host, started]`` (a stop mid-fault ends it)."""
-    payload = {"until": time.time() + float(seconds), "run_dir": str(run_dir), "kind": kind,
-               "signals": signals or [], "argv": argv, "fields": fields or {}, "always": always,
-               "backend_undo": backend_undo}
+    payload = {
+        "until": time.time() + float(seconds),
+        "run_dir": str(run_dir),
+        "kind": kind,
+        "signals": signals or [],
+        "argv": argv,
+        "fields": fields or {},
+        "always": always,
+        "backend_undo": backend_undo,
+    }
     helper = subprocess.Popen(
-        [sys.executable, "-m", "workbench.faults.undo", json.dumps(payload)], env=env or dict(os.environ),
+        [sys.executable, "-m", "workbench.faults.undo", json.dumps(payload)],
+        env=env or dict(os.environ),
         cwd=str(CHECKOUT),
-        start_new_session=True, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        start_new_session=True,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
     )
     from workbench.cluster.procs import HOST, start_time
 
@@ -74,8 +94,17 @@ def recorder(payload: dict) -> Callable[[float], None]:
             from workbench.spec.models import Spec
 
             extra = make_cluster(Spec.model_validate(run_record["spec"]), run_dir).undo(payload) or {}
-        writer.emit("fault", **{"t": t, "action": "resume", "resumed": payload["kind"], "origin": "schedule",
-                                **payload["fields"], **extra})
+        writer.emit(
+            "fault",
+            **{
+                "t": t,
+                "action": "resume",
+                "resumed": payload["kind"],
+                "origin": "schedule",
+                **payload["fields"],
+                **extra,
+            },
+        )
 
     return record
 
@@ -102,8 +131,7 @@ def main(payload: dict) -> None:
         except Exception:
             pass
     if payload.get("argv"):
-        subprocess.run(payload["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL)
+        subprocess.run(payload["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         acted = True
     if acted or payload.get("always"):
         done = time.time()

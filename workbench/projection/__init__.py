@@ -7,7 +7,30 @@
 - ``figures``: goodput against scale for the three strategies, crossings marked.
 """
 
-from workbench.projection.model import STRATEGIES, CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection, daly_period, first_order_restart, input_names, young_period
+from workbench.projection.model import (
+    STRATEGIES,
+    CheckpointRestart,
+    DiLoCo,
+    Elastic,
+    Failures,
+    Job,
+    Projection,
+    daly_period,
+    first_order_restart,
+    input_names,
+    young_period,
+)
 
-__all__ = ["STRATEGIES", "CheckpointRestart", "DiLoCo", "Elastic", "Failures", "Job", "Projection", "daly_period",
-           "first_order_restart", "input_names", "young_period"]
+__all__ = [
+    "STRATEGIES",
+    "CheckpointRestart",
+    "DiLoCo",
+    "Elastic",
+    "Failures",
+    "Job",
+    "Projection",
+    "daly_period",
+    "first_order_restart",
+    "input_names",
+    "young_period",
+]

@@ -41,9 +41,9 @@ import pandas as pd
 from workbench import analysis
 from workbench.analysis import breakeven
 from workbench.analysis.recovery import ends_process
-from workbench.trainers import trainer_kind
 from workbench.projection import sources
 from workbench.projection.model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
+from workbench.trainers import trainer_kind
 
 
 def _events_and_spec(run: Any) -> tuple[list[dict], Any]:
@@ -95,9 +95,13 @@ def calibrate(run: Any, baseline: Any = None) -> dict:
     kills = timeline[ends_process(timeline)] if len(timeline) else timeline
     groups = spec.replicas if kind.elastic else 1
     out: dict = {
-        "trainer": spec.trainer, "elastic": kind.elastic, "groups": groups,
-        "gpus": spec.replicas * spec.nproc_per_replica, "min_groups": spec.min_replicas if kind.elastic else 1,
-        "step_s": g["normal_step_s"], "horizon_s": g["T_s"],
+        "trainer": spec.trainer,
+        "elastic": kind.elastic,
+        "groups": groups,
+        "gpus": spec.replicas * spec.nproc_per_replica,
+        "min_groups": spec.min_replicas if kind.elastic else 1,
+        "step_s": g["normal_step_s"],
+        "horizon_s": g["T_s"],
         "trace": [(float(r.t - t0), int(r.target)) for r in kills.itertuples()],
         "faults": len(kills),
     }
@@ -117,8 +121,14 @@ def calibrate(run: Any, baseline: Any = None) -> dict:
             mine = g["rate_samples_per_s"] / (spec.replicas * spec.nproc_per_replica)
             theirs = b["rate_samples_per_s"] / (b_spec.replicas * b_spec.nproc_per_replica)
             overhead = max(0.0, theirs / mine - 1)  # a faster run than its baseline is noise, not a negative cost
-        out.update(replacement_s=replacement, heal_s=heal, restart_s=None if back is None else max(0.0, back - heal),
-                   stall_s=stall, startup_s=g["badput_s"]["startup"] * groups, overhead=overhead)
+        out.update(
+            replacement_s=replacement,
+            heal_s=heal,
+            restart_s=None if back is None else max(0.0, back - heal),
+            stall_s=stall,
+            startup_s=g["badput_s"]["startup"] * groups,
+            overhead=overhead,
+        )
     else:
         restarts = breakeven.restart_seconds(events)
         writes = [float(e.get("seconds") or 0.0) for e in events if e.get("kind") == "checkpoint" and e.get("durable")]
@@ -126,23 +136,40 @@ def calibrate(run: Any, baseline: Any = None) -> dict:
         steps = _checkpoint_period_steps(events)
         spacing = breakeven.checkpoint_period_s(events)
         period = steps * g["normal_step_s"] if steps else None if spacing is None else max(spacing - write, 1e-9)
-        out.update(restart_s=float(np.median(restarts)) if restarts else None, write_s=write, period_s=period,
-                   period_steps=steps)
+        out.update(
+            restart_s=float(np.median(restarts)) if restarts else None,
+            write_s=write,
+            period_s=period,
+            period_steps=steps,
+        )
     return out
 
 
 def projection_of(inputs: dict) -> Projection:
     """The projection of the measured job itself: its groups, window, step, costs and fault trace."""
-    job = Job(gpus=inputs["gpus"], groups=inputs["groups"], step_s=inputs["step_s"], horizon_s=inputs["horizon_s"],
-              params=0.0)
+    job = Job(
+        gpus=inputs["gpus"], groups=inputs["groups"], step_s=inputs["step_s"], horizon_s=inputs["horizon_s"], params=0.0
+    )
     failures = Failures(trace=inputs["trace"])
     if inputs["elastic"]:
-        costs = dict(overhead=inputs["overhead"], stall_s=inputs["stall_s"] or 0.0,
-                     replacement_s=inputs["replacement_s"] or 0.0, spares=0, restart_s=inputs["restart_s"] or 0.0,
-                     heal_s=inputs["heal_s"], min_groups=inputs["min_groups"], startup_s=inputs["startup_s"])
+        costs = dict(
+            overhead=inputs["overhead"],
+            stall_s=inputs["stall_s"] or 0.0,
+            replacement_s=inputs["replacement_s"] or 0.0,
+            spares=0,
+            restart_s=inputs["restart_s"] or 0.0,
+            heal_s=inputs["heal_s"],
+            min_groups=inputs["min_groups"],
+            startup_s=inputs["startup_s"],
+        )
         return Projection(job=job, failures=failures, elastic=Elastic(**costs), diloco=DiLoCo(**costs))
-    cr = CheckpointRestart(period_s=inputs["period_s"] or inputs["horizon_s"], write_s=inputs["write_s"],
-                           restore_s=0.0, detect_s=0.0, restart_s=inputs["restart_s"] or 0.0)
+    cr = CheckpointRestart(
+        period_s=inputs["period_s"] or inputs["horizon_s"],
+        write_s=inputs["write_s"],
+        restore_s=0.0,
+        detect_s=0.0,
+        restart_s=inputs["restart_s"] or 0.0,
+    )
     return Projection(job=job, failures=failures, restart=cr)
 
 
@@ -151,19 +178,24 @@ def reproduce(run: Any) -> dict:
     inputs = calibrate(run)
     strategy = "elastic" if inputs["elastic"] else "checkpoint-restart"
     res = projection_of(inputs).run(strategies=(strategy,))[strategy]
-    return {"strategy": strategy, "predicted": res["goodput"], "measured": measured(run)["goodput"],
-            "badput": res["badput"], "inputs": inputs}
+    return {
+        "strategy": strategy,
+        "predicted": res["goodput"],
+        "measured": measured(run)["goodput"],
+        "badput": res["badput"],
+        "inputs": inputs,
+    }
 
 
 # The measured inputs that carry to another scale when asked (``measured_costs=True``): times of
 # the recovery protocol and the per-step overhead. Bandwidth-bound times (heal, checkpoint write and
 # restore) are recomputed from the job's state at scale instead.
-CARRIED = {"elastic": ("overhead", "stall_s", "replacement_s", "restart_s"),
-           "checkpoint-restart": ("restart_s",)}
+CARRIED = {"elastic": ("overhead", "stall_s", "replacement_s", "restart_s"), "checkpoint-restart": ("restart_s",)}
 
 
-def project(run: Any, baseline: Any = None, measured_costs: bool = False, replicates: int = 32, seed: int = 0,
-            **inputs: Any) -> dict:
+def project(
+    run: Any, baseline: Any = None, measured_costs: bool = False, replicates: int = 32, seed: int = 0, **inputs: Any
+) -> dict:
     """Project a run's job to another scale: ``project(run, gpus=4096, groups=8, device_mtbf_h=5e4)``.
 
     Returns the run reproduced on itself (``reproduced``: predicted vs measured goodput), the
@@ -182,8 +214,9 @@ def project(run: Any, baseline: Any = None, measured_costs: bool = False, replic
     strategy = reproduced["strategy"]
     carried = {}
     if measured_costs:
-        carried = {k: cal[k] for k in CARRIED[strategy] if cal.get(k) is not None
-                   and (k != "overhead" or baseline is not None)}  # without a baseline the run is its own reference
+        carried = {
+            k: cal[k] for k in CARRIED[strategy] if cal.get(k) is not None and (k != "overhead" or baseline is not None)
+        }  # without a baseline the run is its own reference
     p = Projection().replace(**inputs)
     owners = (p.elastic, p.diloco) if strategy == "elastic" else (p.restart,)
     for k, v in carried.items():
@@ -199,8 +232,13 @@ def project(run: Any, baseline: Any = None, measured_costs: bool = False, replic
         "run_dir": str(getattr(run, "run_dir", "")),
         "reproduced": {k: reproduced[k] for k in ("strategy", "predicted", "measured")},
         "calibrated": {k: v for k, v in cal.items() if k != "trace"},
-        "inputs": {"job": vars(p.job), "failures": vars(p.failures), "checkpoint-restart": vars(p.restart),
-                   "elastic": vars(p.elastic), "diloco": vars(p.diloco)},
+        "inputs": {
+            "job": vars(p.job),
+            "failures": vars(p.failures),
+            "checkpoint-restart": vars(p.restart),
+            "elastic": vars(p.elastic),
+            "diloco": vars(p.diloco),
+        },
         "source": source,
         "projection": p.run(replicates=replicates, seed=seed),
     }

@@ -65,8 +65,20 @@ from typing import Optional, Sequence
 import numpy as np
 
 GB = 1e9
-BADPUT = ("checkpoint", "recompute", "restart", "restore", "overhead", "stall", "discarded", "missing", "heal", "sync",
-          "no_quorum", "startup")
+BADPUT = (
+    "checkpoint",
+    "recompute",
+    "restart",
+    "restore",
+    "overhead",
+    "stall",
+    "discarded",
+    "missing",
+    "heal",
+    "sync",
+    "no_quorum",
+    "startup",
+)
 
 
 @dataclass
@@ -206,6 +218,7 @@ def first_order_restart(write_s: float, period_s: float, down_s: float, mtbf_s: 
 
 # --- one replicate per strategy ---------------------------------------------------------------
 
+
 def _restart_replicate(job: Job, t: np.ndarray, cr: CheckpointRestart, mtbf_s: float) -> dict:
     c = cr.costs(job, mtbf_s)
     tau, w, down = c["period_s"], c["write_s"], c["down_s"] + c["restore_s"]
@@ -228,10 +241,15 @@ def _restart_replicate(job: Job, t: np.ndarray, cr: CheckpointRestart, mtbf_s: f
     return {
         "useful_s": float(useful.sum()),
         "steps": float(useful.sum()) / job.step_s,
-        "badput_s": {"checkpoint": float(written.sum()), "recompute": float(lost.sum()),
-                     "restart": float(dead.sum()) * frac_restart, "restore": float(dead.sum()) * (1 - frac_restart)},
+        "badput_s": {
+            "checkpoint": float(written.sum()),
+            "recompute": float(lost.sum()),
+            "restart": float(dead.sum()) * frac_restart,
+            "restore": float(dead.sum()) * (1 - frac_restart),
+        },
         "failures": int(len(t)),
-        "period_s": tau, "write_s": w,
+        "period_s": tau,
+        "write_s": w,
     }
 
 
@@ -320,10 +338,15 @@ def _group_replicate(job: Job, t: np.ndarray, g: np.ndarray, el: Elastic) -> dic
     overhead = live_s - useful
     sync_part = live_s / (1 + over) - useful if sync_period else 0.0
     badput = {
-        "overhead": (overhead - sync_part) / R, "sync": sync_part / R,
-        "missing": absent * share[0] / R, "heal": absent * share[1] / R, "recompute": absent * share[2] / R,
-        "stall": (stall - min(discarded, stall)) / R, "discarded": min(discarded, stall) / R,
-        "no_quorum": no_quorum / R, "startup": el.startup_s / R,
+        "overhead": (overhead - sync_part) / R,
+        "sync": sync_part / R,
+        "missing": absent * share[0] / R,
+        "heal": absent * share[1] / R,
+        "recompute": absent * share[2] / R,
+        "stall": (stall - min(discarded, stall)) / R,
+        "discarded": min(discarded, stall) / R,
+        "no_quorum": no_quorum / R,
+        "startup": el.startup_s / R,
     }
     return {
         "useful_s": useful / R,
@@ -351,7 +374,7 @@ class Projection:
         parts = {f.name: dataclasses.replace(getattr(self, f.name)) for f in dataclasses.fields(self)}
         for key, value in changes.items():
             if key.startswith("diloco_"):
-                key, value = key[len("diloco_"):], value
+                key, value = key[len("diloco_") :], value
                 setattr(parts["diloco"], key, value)
                 continue
             owners = [p for p in parts.values() if key in {f.name for f in dataclasses.fields(p)}]
@@ -383,15 +406,23 @@ class Projection:
             res = {
                 "goodput": float(good.mean()),
                 "stderr": float(good.std(ddof=1) / math.sqrt(n)) if n > 1 else 0.0,
-                "badput": {k: float(np.mean([r["badput_s"].get(k, 0.0) for r in reps])) / job.horizon_s
-                           for k in BADPUT if any(k in r["badput_s"] for r in reps)},
+                "badput": {
+                    k: float(np.mean([r["badput_s"].get(k, 0.0) for r in reps])) / job.horizon_s
+                    for k in BADPUT
+                    if any(k in r["badput_s"] for r in reps)
+                },
                 "steps_per_s": float(np.mean([r["steps"] for r in reps])) / job.horizon_s,
                 "failures": float(np.mean([r["failures"] for r in reps])),
             }
             if name == "checkpoint-restart":
                 c = self.restart.costs(job, mtbf)
-                res.update(period_s=c["period_s"], write_s=c["write_s"], restore_s=c["restore_s"],
-                           daly_period_s=daly_period(c["write_s"], mtbf), young_period_s=young_period(c["write_s"], mtbf))
+                res.update(
+                    period_s=c["period_s"],
+                    write_s=c["write_s"],
+                    restore_s=c["restore_s"],
+                    daly_period_s=daly_period(c["write_s"], mtbf),
+                    young_period_s=young_period(c["write_s"], mtbf),
+                )
             out[name] = res
         return out
 

@@ -70,18 +70,19 @@ def clockwork_gloo_gbps(groups: int = CLOCKWORK_GROUPS) -> float:
     shard = 109e9 * 2 / (64 / groups)
     return 2 * (groups - 1) / groups * shard / extra / 1e9
 
+
 MISSING = {
     "llama3": "the restart time after an interruption and the checkpoint period are not published; "
-              "the anchor takes Clockwork's 15-min restart assumption, TorchTitan's 100-s detection, "
-              "and Daly's optimal period for a write of the 405B state at 2 TB/s",
+    "the anchor takes Clockwork's 15-min restart assumption, TorchTitan's 100-s detection, "
+    "and Daly's optimal period for a write of the 405B state at 2 TB/s",
     "clockwork": "the fault-free step time, torchft's per-step overhead, its replica-group count, and the "
-                 "restart and restore times are not published; the step time is taken from TorchPass's 405 min "
-                 "(which loses ~nothing to failures), the restart from Clockwork's 15-min assumption, and the "
-                 "per-step overhead from the ratio of torchft's 930 min to TorchPass's 405 min (the page says "
-                 "torchft lost almost no time to the failures themselves)",
+    "restart and restore times are not published; the step time is taken from TorchPass's 405 min "
+    "(which loses ~nothing to failures), the restart from Clockwork's 15-min assumption, and the "
+    "per-step overhead from the ratio of torchft's 930 min to TorchPass's 405 min (the page says "
+    "torchft lost almost no time to the failures themselves)",
     "gemini": "no input is published (scale, failure rate, restart or restore time, checkpoint period): the "
-              "85 % → 97 % goodput cannot be reproduced, only compared with the checkpoint-restart vs elastic "
-              "gap the model gives at a comparable scale",
+    "85 % → 97 % goodput cannot be reproduced, only compared with the checkpoint-restart vs elastic "
+    "gap the model gives at a comparable scale",
 }
 
 
@@ -109,8 +110,11 @@ def llama3_device_mtbf_h(planned: bool = False) -> float:
 def llama3_projection(planned: bool = False) -> Projection:
     """Llama 3 405B on 16,384 GPUs for 54 days, checkpoint-restart with the published inputs."""
     job = Job(gpus=LLAMA3_GPUS, groups=16, params=405e9, horizon_s=LLAMA3_DAYS * DAY)
-    return Projection(job=job, failures=Failures(device_mtbf_h=llama3_device_mtbf_h(planned)),
-                      restart=CheckpointRestart(write_gbps=2000.0, read_gbps=2000.0))
+    return Projection(
+        job=job,
+        failures=Failures(device_mtbf_h=llama3_device_mtbf_h(planned)),
+        restart=CheckpointRestart(write_gbps=2000.0, read_gbps=2000.0),
+    )
 
 
 def clockwork_projection(groups: int = CLOCKWORK_GROUPS) -> Projection:
@@ -125,7 +129,8 @@ def clockwork_projection(groups: int = CLOCKWORK_GROUPS) -> Projection:
     trace = [(float(t), int(rng.integers(0, groups))) for t in times if t < horizon]
     job = Job(gpus=64, groups=groups, step_s=step_s, params=109e9, horizon_s=horizon)
     return Projection(
-        job=job, failures=Failures(trace=trace),
+        job=job,
+        failures=Failures(trace=trace),
         restart=CheckpointRestart(period_s=100 * step_s, write_s=0.0, restore_s=0.0),
         elastic=Elastic(cross_gbps=clockwork_gloo_gbps(groups), spares=0),
         diloco=DiLoCo(),

@@ -41,7 +41,11 @@ def spawn(module: str, args: list[str], log_path: Path) -> subprocess.Popen:
     with os.fdopen(fd, "ab") as log:
         return subprocess.Popen(
             [sys.executable, "-m", module, *args],
-            stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True, env=env,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,
+            env=env,
         )
 
 

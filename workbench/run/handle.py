@@ -23,24 +23,21 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 
 import pandas as pd
 
-from workbench import analysis
-from workbench import cluster
-from workbench.run import detached
-from workbench.faults import kinds as faultkinds
-from workbench.faults import inject as faults
-from workbench.run import rundir
-from workbench.spec import schedule
-from workbench.errors import ControllerGone
+from workbench import analysis, cluster
+from workbench.errors import ControllerGone, SpecError
 from workbench.events.log import EventReader, to_frame
-from workbench.state.fold import TERMINAL, RunState
-from workbench.spec.models import Spec, SpecError
+from workbench.faults import inject as faults
+from workbench.faults import kinds as faultkinds
+from workbench.run import detached, rundir
+from workbench.spec import schedule
 from workbench.spec.load import load_spec
+from workbench.spec.models import Spec
 from workbench.spec.preflight import preflight
+from workbench.state.fold import TERMINAL, RunState
 from workbench.trainers import trainer_kind
 
 KILL_ALIASES = {"sigkill": "kill"}
 ENDED = (*TERMINAL, "lost")
-
 
 
 class Run:
@@ -145,20 +142,29 @@ class Run:
         self.refresh()
         st = self.run_state
         return {
-            "state": st.state, "trainer": self.spec.trainer, "cluster": self.spec.cluster,
-            "steps_target": self.spec.steps, "step": st.max_committed, **st.counts(),
-            "bad_lines": self.bad_lines, "controller": self.controller_gone() or "running",
+            "state": st.state,
+            "trainer": self.spec.trainer,
+            "cluster": self.spec.cluster,
+            "steps_target": self.spec.steps,
+            "step": st.max_committed,
+            **st.counts(),
+            "bad_lines": self.bad_lines,
+            "controller": self.controller_gone() or "running",
             "replicas": {str(r): v.as_dict() for r, v in sorted(st.replicas.items())},
             "checkpoints": None if trainer_kind(self.spec.trainer).elastic else st.checkpoint_status(),
-            "nodes": {row["node"]: {k: v for k, v in row.items() if k != "node"}
-                      for row in st.nodes.table(st.attempts())},
+            "nodes": {
+                row["node"]: {k: v for k, v in row.items() if k != "node"} for row in st.nodes.table(st.attempts())
+            },
         }
 
     def nodes(self) -> pd.DataFrame:
         """Every ``node_health`` sample (the controller's, ``workbench.controller.nodehealth``): one row per node per sample."""
         self.refresh()
-        rows = [{k: v for k, v in e.items() if k not in ("kind", "run", "source", "pid")}
-                for e in self._events if e.get("kind") == "node_health"]
+        rows = [
+            {k: v for k, v in e.items() if k not in ("kind", "run", "source", "pid")}
+            for e in self._events
+            if e.get("kind") == "node_health"
+        ]
         return pd.DataFrame(rows)
 
     def summary(self) -> dict:
@@ -197,8 +203,10 @@ class Run:
         the controller died without ending it (its jobs may still run: ``stop()`` ends them)."""
         self.wait_for(lambda r: r.state() in ENDED, timeout if timeout is not None else float("inf"))
         if self.state() == "lost":
-            raise ControllerGone(f"run {self.id}: {self.controller_gone()} without ending the run; "
-                                 f"`workbench stop {self.run_dir}` stops what is left")
+            raise ControllerGone(
+                f"run {self.id}: {self.controller_gone()} without ending the run; "
+                f"`workbench stop {self.run_dir}` stops what is left"
+            )
         return self.status()
 
     # -- control -------------------------------------------------------------
@@ -206,8 +214,9 @@ class Run:
         """The fault kinds this run's backend injects."""
         return faults.actions_for(self)
 
-    def kill(self, replica: Optional[int] = None, how: str = "kill", seconds: Optional[float] = None,
-             origin: str = "api") -> dict:
+    def kill(
+        self, replica: Optional[int] = None, how: str = "kill", seconds: Optional[float] = None, origin: str = "api"
+    ) -> dict:
         """Inject fault kind ``how`` (any of :meth:`fault_kinds`; ``"sigkill"`` is ``"kill"``) into a
         replica group; ``seconds`` for kinds that last (a hang)."""
         action = KILL_ALIASES.get(how, how)
@@ -220,7 +229,9 @@ class Run:
             replica = 0 if self.run_state.groups == 1 or not trainer_kind(self.spec.trainer).elastic else None
         return self.fault(action, replica, origin=origin, seconds=seconds)
 
-    def fault(self, action: str, target: Optional[int] = None, origin: str = "api", seconds: Optional[float] = None) -> dict:
+    def fault(
+        self, action: str, target: Optional[int] = None, origin: str = "api", seconds: Optional[float] = None
+    ) -> dict:
         self.refresh()
         return faults.inject(self, action, target, origin=origin, seconds=seconds)
 
@@ -239,8 +250,7 @@ class Run:
                 return self.status()
         skipped = self.cluster.stop_all(self.run_state)
         faults.control_writer(self.run_dir, self.id).emit(
-            "run_end", state="stopped", reason="controller unreachable; processes killed",
-            not_signalled=skipped or None,
+            "run_end", state="stopped", reason="controller unreachable; processes killed", not_signalled=skipped or None
         )
         return self.status()
 

@@ -20,10 +20,10 @@ from __future__ import annotations
 import os
 from typing import Union
 
+from workbench.errors import SpecError
 from workbench.faults import kinds as faultkinds
 from workbench.run import rundir
 from workbench.run.handle import Run, submit
-from workbench.spec.models import SpecError
 from workbench.spec.load import load_spec
 
 REPLAY_JSON = "replay.json"
@@ -76,8 +76,8 @@ def replay(run_or_dir: Union[Run, str, os.PathLike], manual_faults: bool = True)
     original = as_run(run_or_dir)
     spec, added = replay_spec(original, include_manual=manual_faults)
     new = submit(spec)
-    rundir.write_json(new.run_dir / REPLAY_JSON, {
-        "of": {"run_id": original.id, "run_dir": str(original.run_dir)},
-        "added_faults": added,
-    })
+    rundir.write_json(
+        new.run_dir / REPLAY_JSON,
+        {"of": {"run_id": original.id, "run_dir": str(original.run_dir)}, "added_faults": added},
+    )
     return new

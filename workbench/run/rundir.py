@@ -56,7 +56,9 @@ def code_revision() -> dict:
         dirty = bool(
             subprocess.run(
                 ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                capture_output=True, text=True, timeout=5,
+                capture_output=True,
+                text=True,
+                timeout=5,
             ).stdout.strip()
         )
     except (OSError, subprocess.SubprocessError):

@@ -18,7 +18,9 @@ from typing import Any, Mapping, Sequence, Union
 import yaml
 from pydantic import BaseModel, ValidationError
 
-from workbench.spec.models import CONFIG_DIR, Spec, SpecError
+from workbench.errors import SpecError
+from workbench.paths import CONFIG_DIR
+from workbench.spec.models import Spec
 
 
 def _format_errors(err: ValidationError) -> str:
@@ -34,7 +36,7 @@ def _format_errors(err: ValidationError) -> str:
         elif e["type"] == "literal_error":
             msg = f"got {e.get('input')!r}; {msg[0].lower()}{msg[1:]}"
         elif msg.startswith("Value error, "):
-            msg = msg[len("Value error, "):]
+            msg = msg[len("Value error, ") :]
         lines.append(f"{field}: {msg}")
     return "invalid spec: " + "; ".join(lines)
 

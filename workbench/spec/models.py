@@ -13,7 +13,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import re
-from pathlib import Path
 from typing import Any, Literal, Optional
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
@@ -21,12 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 from workbench.faults import kinds as faultkinds
 from workbench.trainers.registry import trainer_kind, trainer_names
 
-from workbench.paths import CONFIG_DIR
-
-from workbench.errors import SpecError
-
 TRAINERS = trainer_names()
-
 
 
 class _Section(BaseModel):
@@ -184,29 +178,41 @@ class FtSpec(_Section):
         changed = [k for k, f in FtSpec.model_fields.items() if k != "algorithm" and getattr(self, k) != f.default]
         if algo == "ddp":
             if changed:
-                raise ValueError(f"{changed[0]}: only for a semi-synchronous ft.algorithm "
-                                 f"({', '.join(ALGORITHMS[1:])}); ddp syncs every step")
+                raise ValueError(
+                    f"{changed[0]}: only for a semi-synchronous ft.algorithm "
+                    f"({', '.join(ALGORITHMS[1:])}); ddp syncs every step"
+                )
             return self
         if algo != "streaming_diloco" and self.fragments != 1:
-            raise ValueError(f"fragments ({self.fragments}): only for ft.algorithm streaming_diloco "
-                             f"(got {algo}, which syncs the whole model)")
+            raise ValueError(
+                f"fragments ({self.fragments}): only for ft.algorithm streaming_diloco "
+                f"(got {algo}, which syncs the whole model)"
+            )
         if algo == "streaming_diloco":
             if self.fragments < 2:
-                raise ValueError(f"fragments ({self.fragments}): streaming_diloco needs at least 2 fragments "
-                                 "(1 fragment is ft.algorithm diloco)")
+                raise ValueError(
+                    f"fragments ({self.fragments}): streaming_diloco needs at least 2 fragments "
+                    "(1 fragment is ft.algorithm diloco)"
+                )
             if self.sync_every % self.fragments:
-                raise ValueError(f"sync_every ({self.sync_every}) must be a multiple of ft.fragments "
-                                 f"({self.fragments}): one fragment syncs every sync_every / fragments steps")
+                raise ValueError(
+                    f"sync_every ({self.sync_every}) must be a multiple of ft.fragments "
+                    f"({self.fragments}): one fragment syncs every sync_every / fragments steps"
+                )
         if algo == "localsgd":
             for key in changed:
                 if key not in ("sync_every", "catch_up"):
-                    raise ValueError(f"{key}: only for ft.algorithm {' or '.join(DILOCO_FAMILY)}; torchft's "
-                                     "LocalSGD averages the parameters (no outer optimizer, fragments, quantization "
-                                     "or bucketization)")
+                    raise ValueError(
+                        f"{key}: only for ft.algorithm {' or '.join(DILOCO_FAMILY)}; torchft's "
+                        "LocalSGD averages the parameters (no outer optimizer, fragments, quantization "
+                        "or bucketization)"
+                    )
         elif self.fragment_sync_delay >= self.sync_every // self.fragments:
-            raise ValueError(f"fragment_sync_delay ({self.fragment_sync_delay}) must be < sync_every / fragments "
-                             f"({self.sync_every // self.fragments}): a fragment must be synced before it is "
-                             "reduced again")
+            raise ValueError(
+                f"fragment_sync_delay ({self.fragment_sync_delay}) must be < sync_every / fragments "
+                f"({self.sync_every // self.fragments}): a fragment must be synced before it is "
+                "reduced again"
+            )
         return self
 
 
@@ -344,8 +350,9 @@ class SlurmSpec(_Section):
         """submitit writes each as ``#SBATCH --key=value`` unquoted: a newline would be a shell line."""
         for key, value in v.items():
             if not SBATCH_KEY.fullmatch(key):
-                raise ValueError(f"key {key!r}: an sbatch option name; allowed: letters, digits and '-', "
-                                 "starting with a letter")
+                raise ValueError(
+                    f"key {key!r}: an sbatch option name; allowed: letters, digits and '-', starting with a letter"
+                )
             _one_line(f"[{key}]", value)
         return v
 
@@ -363,8 +370,9 @@ _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 
 def _one_line(where: str, value: str) -> None:
     if _CONTROL.search(value):
-        raise ValueError(f"{where}: {value!r} has a control character (newline, tab, ...); allowed: one line of "
-                         "printable text")
+        raise ValueError(
+            f"{where}: {value!r} has a control character (newline, tab, ...); allowed: one line of printable text"
+        )
 
 
 class CheckpointSpec(_Section):
@@ -416,31 +424,36 @@ class Spec(_Section):
     @model_validator(mode="after")
     def _cross_field(self) -> "Spec":
         if self.min_replicas > self.replicas:
-            raise ValueError(
-                f"min_replicas ({self.min_replicas}) must be <= replicas ({self.replicas})"
-            )
+            raise ValueError(f"min_replicas ({self.min_replicas}) must be <= replicas ({self.replicas})")
         here = faultkinds.names(self.cluster)
         applies = faultkinds.names_for(trainer_kind(self.trainer), self.cluster)
         for i, f in enumerate(self.faults):
             if f.action not in here:
                 k = faultkinds.kind(f.action)
                 why = f"needs {k.needs}" if k is not None and k.needs else "is not a fault"
-                raise ValueError(f"faults[{i}].action: {f.action} {why} on cluster {self.cluster}; "
-                                 f"allowed: {', '.join(here)}")
+                raise ValueError(
+                    f"faults[{i}].action: {f.action} {why} on cluster {self.cluster}; allowed: {', '.join(here)}"
+                )
             if f.action not in applies:
-                raise ValueError(f"faults[{i}].action: {f.action} does not apply to trainer {self.trainer}; "
-                                 f"allowed: {', '.join(applies)}")
+                raise ValueError(
+                    f"faults[{i}].action: {f.action} does not apply to trainer {self.trainer}; "
+                    f"allowed: {', '.join(applies)}"
+                )
             if f.target is not None and f.target >= self.replicas and faultkinds.KINDS[f.action].targets == "replica":
                 raise ValueError(f"faults[{i}].target ({f.target}) must be < replicas ({self.replicas})")
         for a in self.chaos.actions if self.chaos else ():
             if a not in applies:
-                raise ValueError(f"chaos.actions: {a} is not a fault on cluster {self.cluster} for trainer "
-                                 f"{self.trainer}; allowed: {', '.join(applies)}")
+                raise ValueError(
+                    f"chaos.actions: {a} is not a fault on cluster {self.cluster} for trainer "
+                    f"{self.trainer}; allowed: {', '.join(applies)}"
+                )
         lh = self.lighthouse
         if _loopback_only(self.cluster) and not lh.allow_non_loopback and not is_loopback(lh.bind_host):
-            raise ValueError(f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "
-                             "run listens on 127.0.0.1 only (set lighthouse.allow_non_loopback: true to serve "
-                             "quorums to the network)")
+            raise ValueError(
+                f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "
+                "run listens on 127.0.0.1 only (set lighthouse.allow_non_loopback: true to serve "
+                "quorums to the network)"
+            )
         if self.spares and not trainer_kind(self.trainer).supports_spares:
             with_spares = ", ".join(n for n in TRAINERS if trainer_kind(n).supports_spares)
             raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer {with_spares} only")
@@ -455,31 +468,43 @@ class Spec(_Section):
         ft, kind = self.ft, trainer_kind(self.trainer)
         if ft.algorithm not in kind.algorithms:
             with_it = ", ".join(n for n in TRAINERS if ft.algorithm in trainer_kind(n).algorithms)
-            raise ValueError(f"ft.algorithm: {ft.algorithm} is not implemented by trainer {self.trainer} "
-                             f"(allowed: {', '.join(kind.algorithms)}); {ft.algorithm} runs on {with_it}")
+            raise ValueError(
+                f"ft.algorithm: {ft.algorithm} is not implemented by trainer {self.trainer} "
+                f"(allowed: {', '.join(kind.algorithms)}); {ft.algorithm} runs on {with_it}"
+            )
         if ft.algorithm == "ddp":
             return
         if ft.algorithm in DILOCO_FAMILY and self.torchft.use_async_quorum:
             if "use_async_quorum" in self.torchft.model_fields_set:
-                raise ValueError(f"torchft.use_async_quorum: true; ft.algorithm {ft.algorithm} needs false "
-                                 "(torchft's DiLoCo heals in a synchronous quorum at each sync)")
+                raise ValueError(
+                    f"torchft.use_async_quorum: true; ft.algorithm {ft.algorithm} needs false "
+                    "(torchft's DiLoCo heals in a synchronous quorum at each sync)"
+                )
             self.torchft.use_async_quorum = False
         if ft.quantize:
             self._check_quantize()
         if self.trainer == "titan":
             for key, value in TITAN_OUTER.items():
                 if getattr(ft, key) != value:
-                    raise ValueError(f"ft.{key} ({getattr(ft, key)}): trainer titan cannot set it; TorchTitan "
-                                     f"builds DiLoCo's outer optimizer with {key.removeprefix('outer_')}={value}")
+                    raise ValueError(
+                        f"ft.{key} ({getattr(ft, key)}): trainer titan cannot set it; TorchTitan "
+                        f"builds DiLoCo's outer optimizer with {key.removeprefix('outer_')}={value}"
+                    )
         if self.trainer == "titan" and ft.catch_up:
-            raise ValueError("ft.catch_up: true is for trainer torchft-lite; TorchTitan's own semi-sync loop "
-                             "keeps a fixed sync_every")
+            raise ValueError(
+                "ft.catch_up: true is for trainer torchft-lite; TorchTitan's own semi-sync loop "
+                "keeps a fixed sync_every"
+            )
         if self.trainer == "titan" and ft.bucket_cap_mb is not None:
-            raise ValueError(f"ft.bucket_cap_mb ({ft.bucket_cap_mb}) is for trainer torchft-lite; TorchTitan's "
-                             "fault_tolerance options do not pass DiLoCo's bucketization on")
+            raise ValueError(
+                f"ft.bucket_cap_mb ({ft.bucket_cap_mb}) is for trainer torchft-lite; TorchTitan's "
+                "fault_tolerance options do not pass DiLoCo's bucketization on"
+            )
         if self.trainer == "torchft-lite" and ft.fragments > self.model.layers + 2:
-            raise ValueError(f"ft.fragments ({ft.fragments}) must be <= model.layers + 2 ({self.model.layers + 2}): "
-                             "a fragment is the embeddings, one or more blocks, or the head")
+            raise ValueError(
+                f"ft.fragments ({ft.fragments}) must be <= model.layers + 2 ({self.model.layers + 2}): "
+                "a fragment is the embeddings, one or more blocks, or the head"
+            )
         if "join_timeout_ms" not in self.lighthouse.model_fields_set:
             self.lighthouse.join_timeout_ms = 30_000
 
@@ -488,14 +513,18 @@ class Spec(_Section):
 
         if self.cluster == "slurm":
             if self.slurm.gpus_per_node < 1:
-                raise ValueError("ft.quantize: true needs GPUs (torchft quantizes with Triton on CUDA); "
-                                 "set slurm.gpus_per_node >= 1 or ft.quantize: false")
+                raise ValueError(
+                    "ft.quantize: true needs GPUs (torchft quantizes with Triton on CUDA); "
+                    "set slurm.gpus_per_node >= 1 or ft.quantize: false"
+                )
             return
         import torch
 
         if not (torch.cuda.is_available() and importlib.util.find_spec("triton")):
-            raise ValueError(f"ft.quantize: true needs CUDA and Triton on this machine (cluster {self.cluster} "
-                             "runs here) and it has neither; allowed here: false")
+            raise ValueError(
+                f"ft.quantize: true needs CUDA and Triton on this machine (cluster {self.cluster} "
+                "runs here) and it has neither; allowed here: false"
+            )
 
     @property
     def pg_timeout_ms(self) -> int:

@@ -9,7 +9,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from workbench.spec.models import Spec, SpecError
+from workbench.errors import SpecError
+from workbench.spec.models import Spec
 from workbench.trainers.registry import trainer_kind
 
 

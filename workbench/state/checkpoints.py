@@ -41,16 +41,26 @@ class CheckpointLedger:
                 self.open -= 1
             save.update(durable=True, path=e.get("path"))
             if self.last_durable is None or (e.get("step") or 0) >= (self.last_durable.get("step") or 0):
-                self.last_durable = {"step": e.get("step"), "path": e.get("path"), "t": t,
-                                     "replica": e.get("replica"), "attempt": e.get("attempt") or 0}
+                self.last_durable = {
+                    "step": e.get("step"),
+                    "path": e.get("path"),
+                    "t": t,
+                    "replica": e.get("replica"),
+                    "attempt": e.get("attempt") or 0,
+                }
 
     def stepped(self, e: dict) -> None:
         step = e.get("step")
         if not isinstance(step, int):
             return
         for (replica, attempt, s), save in self.saves.items():
-            if (not save["durable"] and replica == e.get("replica") and attempt == (e.get("attempt") or 0)
-                    and isinstance(s, int) and step > s):
+            if (
+                not save["durable"]
+                and replica == e.get("replica")
+                and attempt == (e.get("attempt") or 0)
+                and isinstance(s, int)
+                and step > s
+            ):
                 save["stepped_past"] = True
 
     def status(self, replicas: dict) -> dict:

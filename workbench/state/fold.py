@@ -38,10 +38,10 @@ import math
 import time
 from typing import Callable, Iterable, Optional
 
+from workbench.cluster.procs import Proc
 from workbench.faults import kinds as faultkinds
 from workbench.state.checkpoints import CheckpointLedger
 from workbench.state.nodes import NodeMap, hit_by
-from workbench.cluster.procs import Proc
 
 REPLICA_STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
 TERMINAL = ("completed", "failed", "stopped")
@@ -99,11 +99,18 @@ class ReplicaView:
 
     def as_dict(self) -> dict:
         return {
-            "state": self.state, "impaired": self.impaired["kind"] if self.impaired else None,
-            "attempt": self.attempt, "step": self.step or 0,
-            "pid": self.proc.pid if self.proc else None, "host": self.proc.host if self.proc else None,
-            "job_id": self.job_id, "node": self.node, "t": self.last_seen, "loss": self.loss,
-            "restarts": self.restarts, "diverged_at": self.diverged_at,
+            "state": self.state,
+            "impaired": self.impaired["kind"] if self.impaired else None,
+            "attempt": self.attempt,
+            "step": self.step or 0,
+            "pid": self.proc.pid if self.proc else None,
+            "host": self.proc.host if self.proc else None,
+            "job_id": self.job_id,
+            "node": self.node,
+            "t": self.last_seen,
+            "loss": self.loss,
+            "restarts": self.restarts,
+            "diverged_at": self.diverged_at,
         }
 
 
@@ -456,9 +463,15 @@ class RunState:
 
 
 _FIELD_TYPES = {  # a field that is present must have one of these types (None: absent is fine)
-    "replica": (int, type(None)), "attempt": (int, type(None)), "step": (int, type(None)),
-    "action": (str,), "target": (int, str, type(None)), "state": (str, type(None)),
-    "reason": (str, type(None)), "job_id": (str, int, type(None)), "spare": (int, type(None)),
+    "replica": (int, type(None)),
+    "attempt": (int, type(None)),
+    "step": (int, type(None)),
+    "action": (str,),
+    "target": (int, str, type(None)),
+    "state": (str, type(None)),
+    "reason": (str, type(None)),
+    "job_id": (str, int, type(None)),
+    "spare": (int, type(None)),
 }
 
 
@@ -477,8 +490,11 @@ def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
 def run_state_of(events: list[dict]) -> str:
     """The run's state from a list of events, as the fold would say it."""
     ends = [e for e in events if e.get("kind") == "run_end"]
-    return run_state(ends[-1] if ends else None, any(e.get("kind") == "start" for e in events),
-                     any(e.get("kind") == "step" for e in events))
+    return run_state(
+        ends[-1] if ends else None,
+        any(e.get("kind") == "start" for e in events),
+        any(e.get("kind") == "step" for e in events),
+    )
 
 
 def well_formed(e: dict) -> bool:

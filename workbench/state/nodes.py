@@ -40,8 +40,13 @@ class NodeView:
     health: Optional[dict] = None  # the newest ``node_health`` sample (workbench.controller.nodehealth)
 
     def as_dict(self) -> dict:
-        return {"node": self.name, "address": self.address, "state": self.state, "fault": self.fault,
-                "health": self.health}
+        return {
+            "node": self.name,
+            "address": self.address,
+            "state": self.state,
+            "fault": self.fault,
+            "health": self.health,
+        }
 
 
 class NodeMap:
@@ -72,13 +77,13 @@ class NodeMap:
 
     def placement(self, replica: int, attempt: int) -> list[Part]:
         """The parts of one attempt of a group, by task."""
-        return sorted((p for (r, a, _), p in self.parts.items() if r == replica and a == attempt),
-                      key=lambda p: p.task)
+        return sorted((p for (r, a, _), p in self.parts.items() if r == replica and a == attempt), key=lambda p: p.task)
 
     def groups_on(self, node: str, attempts: dict[int, int]) -> list[int]:
         """Replica groups whose current attempt (``attempts``: replica -> attempt) has a part on ``node``."""
-        return sorted({p.replica for p in self.parts.values()
-                       if p.node == node and attempts.get(p.replica) == p.attempt})
+        return sorted(
+            {p.replica for p in self.parts.values() if p.node == node and attempts.get(p.replica) == p.attempt}
+        )
 
     def fault(self, kind: str, node: str) -> None:
         view = self.node(node)
@@ -99,9 +104,15 @@ class NodeMap:
         for name in sorted(self.nodes):
             view = self.nodes[name]
             parts = [p for p in self.parts.values() if p.node == name and attempts.get(p.replica) == p.attempt]
-            rows.append({**view.as_dict(), "parts": [
-                {"replica": p.replica, "task": p.task, "pid": p.pid}
-                for p in sorted(parts, key=lambda p: (p.replica, p.task))]})
+            rows.append(
+                {
+                    **view.as_dict(),
+                    "parts": [
+                        {"replica": p.replica, "task": p.task, "pid": p.pid}
+                        for p in sorted(parts, key=lambda p: (p.replica, p.task))
+                    ],
+                }
+            )
         return rows
 
 

@@ -30,6 +30,13 @@ def load(name: str) -> Callable[[JobContext], None]:
 
 
 __all__ = [
-    "JobContext", "job_entrypoint", "REGISTRY", "ELASTIC", "load",
-    "TrainerKind", "UnknownTrainer", "trainer_kind", "trainer_names",
+    "JobContext",
+    "job_entrypoint",
+    "REGISTRY",
+    "ELASTIC",
+    "load",
+    "TrainerKind",
+    "UnknownTrainer",
+    "trainer_kind",
+    "trainer_names",
 ]

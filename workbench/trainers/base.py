@@ -36,9 +36,7 @@ class JobContext:
     def writer(self) -> EventWriter:
         if self.spare_id is not None:
             return EventWriter(self.run_dir, self.writer_name, run=self.run_id, replica=None, spare=self.spare_id)
-        return EventWriter(
-            self.run_dir, self.writer_name, run=self.run_id, replica=self.replica, attempt=self.attempt
-        )
+        return EventWriter(self.run_dir, self.writer_name, run=self.run_id, replica=self.replica, attempt=self.attempt)
 
     def wait_for_assignment(self, poll_s: float = 0.01, stop=lambda: False) -> bool:
         """A hot spare's wait: until the controller assigns it a replica group (True) or stop().

@@ -48,13 +48,23 @@ from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Optional
 
-from workbench.faults import armed
 from workbench.events.log import EventWriter
+from workbench.faults import armed
 from workbench.trainers.base import JobContext
-from workbench.trainers.kit import CheckpointLayout, Heartbeat, StopRequest, die_with_parent, on_stop_signals, signal_pid, weights_checksum
+from workbench.trainers.kit import (
+    CheckpointLayout,
+    Heartbeat,
+    StopRequest,
+    die_with_parent,
+    on_stop_signals,
+    signal_pid,
+    weights_checksum,
+)
 from workbench.trainers.lite.model import build_model, make_batch, warm_up_adamw
 
-CHECKPOINTS = CheckpointLayout(committed=re.compile(r"^step-(\d+)\.pt$"), in_progress=re.compile(r"^\.step-\d+\.pt\.tmp$"))
+CHECKPOINTS = CheckpointLayout(
+    committed=re.compile(r"^step-(\d+)\.pt$"), in_progress=re.compile(r"^\.step-\d+\.pt\.tmp$")
+)
 EXIT_COMPLETED, EXIT_STOPPED, EXIT_ERROR = 0, 3, 1
 
 
@@ -130,16 +140,23 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
     t_start = time.time()
     spec = ctx.spec
     writer = dataclasses.replace(ctx, replica=rank).writer()
-    writer.emit("start", trainer="ddp-restart", role="replica", world_size=world, rank=rank,
-                launcher_pid=launcher_pid, **ctx.placement())
+    writer.emit(
+        "start",
+        trainer="ddp-restart",
+        role="replica",
+        world_size=world,
+        rank=rank,
+        launcher_pid=launcher_pid,
+        **ctx.placement(),
+    )
     stop = StopRequest()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     progress = {"step": 0}
     try:
-        import torch
-        import torch.distributed as dist
         from datetime import timedelta
 
+        import torch
+        import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
 
         from workbench.trainers import loopback
@@ -168,8 +185,14 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
             state = torch.load(found[step], weights_only=True)
             model.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optim"])
-            writer.emit("phase", phase="restored", from_step=step, seconds=time.time() - t_start,
-                        load_s=time.perf_counter() - t0, path=str(found[step]))
+            writer.emit(
+                "phase",
+                phase="restored",
+                from_step=step,
+                seconds=time.time() - t_start,
+                load_s=time.perf_counter() - t0,
+                path=str(found[step]),
+            )
         elif ctx.attempt > 0:
             writer.emit("phase", phase="restored", from_step=0, seconds=time.time() - t_start, path=None)
         ddp = DistributedDataParallel(model)
@@ -219,8 +242,14 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> s
             beat.step = step
             if emit_steps:
                 fields = dict(
-                    step=step, loss=float(loss.item()), committed=True, participating=True, participants=world,
-                    quorum_id=ctx.attempt, step_time_s=dt, tokens_per_s=tokens / dt if dt else None,
+                    step=step,
+                    loss=float(loss.item()),
+                    committed=True,
+                    participating=True,
+                    participants=world,
+                    quorum_id=ctx.attempt,
+                    step_time_s=dt,
+                    tokens_per_s=tokens / dt if dt else None,
                     batch_seed=[spec["seed"], step - 1, rank],
                 )
                 if step % checksum_every == 0 or step >= steps:
@@ -233,12 +262,21 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> s
                 held = armed.is_armed(ctx.run_dir, "checkpoint", rank)
                 writer.emit("checkpoint", step=step, state="started", durable=False, **({"held": True} if held else {}))
                 t0 = time.perf_counter()
-                path = save_checkpoint(directory, step, {"model": model.state_dict(), "optim": optimizer.state_dict(),
-                                                         "step": step}, keep,
-                                       before_commit=(lambda: armed.hold_while_armed(ctx.run_dir, "checkpoint", rank))
-                                       if held else None)
-                writer.emit("checkpoint", step=step, path=str(path), seconds=time.perf_counter() - t0,
-                            bytes=path.stat().st_size, durable=True)
+                path = save_checkpoint(
+                    directory,
+                    step,
+                    {"model": model.state_dict(), "optim": optimizer.state_dict(), "step": step},
+                    keep,
+                    before_commit=(lambda: armed.hold_while_armed(ctx.run_dir, "checkpoint", rank)) if held else None,
+                )
+                writer.emit(
+                    "checkpoint",
+                    step=step,
+                    path=str(path),
+                    seconds=time.perf_counter() - t0,
+                    bytes=path.stat().st_size,
+                    durable=True,
+                )
             if due:
                 last_ckpt_t, last_ckpt_step = time.monotonic(), step
     finally:

@@ -102,8 +102,16 @@ class AppendDecimator:
             self.last_sent = int(new[-1])
         if complete < n:
             seg = values[complete:n]
-            tail = np.unique([int(np.nanargmin(seg)) if not np.isnan(seg).all() else 0,
-                              int(np.nanargmax(seg)) if not np.isnan(seg).all() else 0, n - 1 - complete]) + complete
+            tail = (
+                np.unique(
+                    [
+                        int(np.nanargmin(seg)) if not np.isnan(seg).all() else 0,
+                        int(np.nanargmax(seg)) if not np.isnan(seg).all() else 0,
+                        n - 1 - complete,
+                    ]
+                )
+                + complete
+            )
         elif n and self.last_sent != n - 1:
             tail = np.array([n - 1])
         else:
@@ -165,10 +173,10 @@ class PlotFeed:
             if self.tail_sent.get(name) != key or was_reset or full:
                 tails[name] = self._points(series, tail, x, t0)
                 self.tail_sent[name] = key
-        markers = state.markers[self._markers_seen:]
+        markers = state.markers[self._markers_seen :]
         self._markers_seen = len(state.markers)
         if full:
-            for kind, name in self.marker_names.items():
+            for _kind, name in self.marker_names.items():
                 traces[name] = {"x": [], "y": [], "customdata": [], "text": []}
                 reset.append(name)
         for m in markers:
@@ -183,8 +191,7 @@ class PlotFeed:
         if not (traces or tails or full):
             return None
         self.seq += 1
-        msg = {"seq": self.seq, "prev": self.seq - 1, "full": full, "traces": traces, "tails": tails,
-               "reset": reset}
+        msg = {"seq": self.seq, "prev": self.seq - 1, "full": full, "traces": traces, "tails": tails, "reset": reset}
         if full:
             msg["xtitle"] = self.xtitle(x)
         return msg
@@ -222,11 +229,16 @@ def apply(store: dict, msg: dict) -> dict:
 
 def full_message(store: dict) -> dict:
     """A message that makes any frontend's content equal to ``store`` (a copy)."""
-    return {"seq": store.get("seq", 0), "prev": None, "full": True, "xtitle": store.get("xtitle"),
-            "layout": store.get("layout") or {},
-            "traces": {n: {k: list(v) for k, v in t.items()} for n, t in store.get("traces", {}).items()},
-            "tails": {n: {k: list(v) for k, v in t.items()} for n, t in store.get("tails", {}).items()},
-            "reset": list(store.get("traces", {}))}
+    return {
+        "seq": store.get("seq", 0),
+        "prev": None,
+        "full": True,
+        "xtitle": store.get("xtitle"),
+        "layout": store.get("layout") or {},
+        "traces": {n: {k: list(v) for k, v in t.items()} for n, t in store.get("traces", {}).items()},
+        "tails": {n: {k: list(v) for k, v in t.items()} for n, t in store.get("tails", {}).items()},
+        "reset": list(store.get("traces", {})),
+    }
 
 
 def drawn(store: dict, name: str) -> dict[str, list]:

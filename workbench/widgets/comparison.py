@@ -28,13 +28,25 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench.analysis import compare
-from workbench.run.handle import ENDED, Run
 from workbench.analysis.figures import readable
+from workbench.run.handle import ENDED, Run
 from workbench.widgets.plot import plot_bundle
 from workbench.widgets.updater import Updater, active
 
-SHOWN = ("point", "label", "state", "steps", "final_loss", "diverged_at", "steps_per_s", "goodput", "survivor_stall_s",
-         "kill_to_rejoin_s", "faults_injected", "restarts")
+SHOWN = (
+    "point",
+    "label",
+    "state",
+    "steps",
+    "final_loss",
+    "diverged_at",
+    "steps_per_s",
+    "goodput",
+    "survivor_stall_s",
+    "kill_to_rejoin_s",
+    "faults_injected",
+    "restarts",
+)
 
 
 class ComparisonWidget(w.VBox):
@@ -44,8 +56,15 @@ class ComparisonWidget(w.VBox):
     first swept key). ``start=False`` builds it without the updater thread.
     """
 
-    def __init__(self, source: Any, labels: Optional[Sequence[str]] = None, color_by: Optional[str] = None,
-                 interval: float = 2.0, start: bool = True, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        source: Any,
+        labels: Optional[Sequence[str]] = None,
+        color_by: Optional[str] = None,
+        interval: float = 2.0,
+        start: bool = True,
+        **kwargs: Any,
+    ) -> None:
         from workbench.experiments.sweep import Sweep
 
         self.sweep: Optional[Sweep] = source if isinstance(source, Sweep) else None
@@ -61,18 +80,32 @@ class ComparisonWidget(w.VBox):
         self.table: pd.DataFrame = pd.DataFrame()
         self.last_update_s: Optional[float] = None
         self._lock = threading.RLock()
-        self._updater = Updater("comparison", self.key, self.update, self.ended, self.interval, name="wb-comparison",
-                                owner=self, on_error=self._show_update_error,
-                                on_exit=self._draw_header)
+        self._updater = Updater(
+            "comparison",
+            self.key,
+            self.update,
+            self.ended,
+            self.interval,
+            name="wb-comparison",
+            owner=self,
+            on_error=self._show_update_error,
+            on_exit=self._draw_header,
+        )
         self._trace_of: dict[str, int] = {}
         self._drawn: dict[str, tuple] = {}
 
         self.header = w.HTML().add_class("wb-compare-header")
-        self.figure = go.Figure(layout=dict(
-            height=360, margin=dict(l=50, r=10, t=30, b=40), title=dict(text="loss", x=0.01, font=dict(size=13)),
-            xaxis=dict(title=dict(text="step")), yaxis=dict(title=dict(text="loss")), uirevision="keep",
-            legend=dict(title=dict(text=self.color_by or "")),
-        ))
+        self.figure = go.Figure(
+            layout=dict(
+                height=360,
+                margin=dict(l=50, r=10, t=30, b=40),
+                title=dict(text="loss", x=0.01, font=dict(size=13)),
+                xaxis=dict(title=dict(text="step")),
+                yaxis=dict(title=dict(text="loss")),
+                uirevision="keep",
+                legend=dict(title=dict(text=self.color_by or "")),
+            )
+        )
         readable(self.figure)
         self.plot_output = w.Output(layout=w.Layout(width="100%", min_height="380px")).add_class("wb-compare-loss")
         self.table_panel = w.HTML().add_class("wb-compare-table")
@@ -130,8 +163,14 @@ class ComparisonWidget(w.VBox):
             changed = True
             curve = compare.committed_losses(run.events_read)
             if label not in self._trace_of:
-                fig.add_scatter(x=[], y=[], mode="lines", name=label, line=dict(width=1.6),
-                                hovertemplate=f"{html.escape(label)}<br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>")
+                fig.add_scatter(
+                    x=[],
+                    y=[],
+                    mode="lines",
+                    name=label,
+                    line=dict(width=1.6),
+                    hovertemplate=f"{html.escape(label)}<br>step %{{x}}<br>loss %{{y:.4f}}<extra></extra>",
+                )
                 self._trace_of[label] = len(fig.data) - 1
             trace = fig.data[self._trace_of[label]]
             trace.x, trace.y = curve["step"].to_numpy(), curve["loss"].to_numpy()
@@ -149,7 +188,9 @@ class ComparisonWidget(w.VBox):
             counts = " · ".join(f"{s} {states.count(s)}" for s in dict.fromkeys(states))
             title = f"<b>{len(self._runs)} runs</b>"
         live = "live" if self.running else "not polling"
-        return f"<div class='wb-compare-title'>{title} · {html.escape(counts)} · <span class='wb-live'>{live}</span></div>"
+        return (
+            f"<div class='wb-compare-title'>{title} · {html.escape(counts)} · <span class='wb-live'>{live}</span></div>"
+        )
 
     def _table_html(self) -> str:
         df = self.table
@@ -163,7 +204,9 @@ class ComparisonWidget(w.VBox):
 
         head = "".join(f"<th>{html.escape(c)}</th>" for c in order)
         body = "".join(
-            f"<tr data-state='{html.escape(str(row.get('state')))}'>" + "".join(f"<td>{cell(row.get(c))}</td>" for c in order) + "</tr>"
+            f"<tr data-state='{html.escape(str(row.get('state')))}'>"
+            + "".join(f"<td>{cell(row.get(c))}</td>" for c in order)
+            + "</tr>"
             for row in df.to_dict(orient="records")
         )
         return f"<table class='wb-table'><tr>{head}</tr>{body}</table>"

@@ -92,8 +92,7 @@ class LivePlot(anywidget.AnyWidget):
     def __init__(self, spec: dict, **kwargs) -> None:
         self._lock = threading.RLock()
         self._keyframe_timers: list[threading.Timer] = []
-        super().__init__(spec=spec, data={"seq": 0, "xtitle": None, "layout": {}, "traces": {}, "tails": {}},
-                         **kwargs)
+        super().__init__(spec=spec, data={"seq": 0, "xtitle": None, "layout": {}, "traces": {}, "tails": {}}, **kwargs)
         self.on_msg(self._on_frontend)
         self.pushes = 0
         self.syncs_sent = 0
@@ -110,8 +109,18 @@ class LivePlot(anywidget.AnyWidget):
         and a ``layout`` patch over the spec's. For a figure that is redrawn whole (the wall-clock plots)."""
         with self._lock:
             seq = int(self.data.get("seq", 0)) + 1
-            self.push({"seq": seq, "prev": seq - 1, "full": True, "xtitle": None, "layout": layout or {},
-                       "traces": traces, "tails": {}, "reset": list(traces)})
+            self.push(
+                {
+                    "seq": seq,
+                    "prev": seq - 1,
+                    "full": True,
+                    "xtitle": None,
+                    "layout": layout or {},
+                    "traces": traces,
+                    "tails": {},
+                    "reset": list(traces),
+                }
+            )
 
     def send_full(self) -> None:
         """Send the whole content: any frontend's store becomes the kernel's."""
@@ -151,11 +160,12 @@ class LivePlot(anywidget.AnyWidget):
     def _on_frontend(self, _widget, content, _buffers) -> None:
         if not isinstance(content, dict):
             return
-        if content.get("type") == "sync" or (content.get("type") == "ready" and content.get("seq") != self.data.get("seq")):
+        if content.get("type") == "sync" or (
+            content.get("type") == "ready" and content.get("seq") != self.data.get("seq")
+        ):
             self.send_full()
 
     def close(self) -> None:
         for t in self._keyframe_timers:
             t.cancel()
         super().close()
-

@@ -32,5 +32,10 @@ def plot_bundle(fig: go.Figure, alt: str = "loss plot") -> tuple[dict, ...]:
     """
     spec = json.loads(pio.to_json(fig, validate=False))
     spec["config"] = {"displaylogo": False, "responsive": True}
-    return ({"output_type": "display_data", "metadata": {},
-             "data": {PLOTLY_MIME: spec, "text/plain": f"{alt} (needs plotly's JupyterLab extension)"}},)
+    return (
+        {
+            "output_type": "display_data",
+            "metadata": {},
+            "data": {PLOTLY_MIME: spec, "text/plain": f"{alt} (needs plotly's JupyterLab extension)"},
+        },
+    )

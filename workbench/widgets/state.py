@@ -19,8 +19,8 @@ from typing import Iterable, Optional
 
 import numpy as np
 
-from workbench.faults import kinds as faultkinds
 from workbench.controller import nodehealth
+from workbench.faults import kinds as faultkinds
 from workbench.state.fold import REPLICA_STATES, ReplicaView, RunState
 
 Tile = ReplicaView
@@ -164,8 +164,10 @@ class DashboardState:
     def node_rows(self) -> list[dict]:
         """The node view: per node its address, state (``down`` after a node fault) and the parts of
         replica groups' current attempts on it; a group over two nodes shows on both."""
-        return [{**row, "health_line": nodehealth.tile_line(row.get("health"))}
-                for row in self.run.nodes.table(self.run.attempts())]
+        return [
+            {**row, "health_line": nodehealth.tile_line(row.get("health"))}
+            for row in self.run.nodes.table(self.run.attempts())
+        ]
 
     # -- folding ---------------------------------------------------------------
     def apply(self, events: Iterable[dict]) -> int:
@@ -203,8 +205,11 @@ class DashboardState:
         if e.get("phase") == "restored":
             lost = next((r["lost"] for r in reversed(self.run.restores) if r["event"] is e), 0)
             self._pending_markers.append(
-                {"kind": "restore", "e": e, "label": f"restart resumed from checkpoint step {e.get('from_step')}"
-                 f" ({lost} steps to redo)"}
+                {
+                    "kind": "restore",
+                    "e": e,
+                    "label": f"restart resumed from checkpoint step {e.get('from_step')} ({lost} steps to redo)",
+                }
             )
 
     def _on_step(self, e: dict, t: float) -> None:
@@ -215,12 +220,19 @@ class DashboardState:
         if series is not None and numeric and e.get("participating") is not False:
             step = e.get("step")
             if math.isfinite(loss):
-                series.append(t, float(step) if isinstance(step, (int, float)) else 0.0, float(loss), _int(e.get("attempt")))
+                series.append(
+                    t, float(step) if isinstance(step, (int, float)) else 0.0, float(loss), _int(e.get("attempt"))
+                )
             elif e.get("replica") not in self._diverged:
                 # Not plotted (no y for NaN), but marked: a divergence must be visible.
                 self._diverged.add(e.get("replica"))
-                self._pending_markers.append({"kind": "diverged", "e": e,
-                                              "label": f"replica {e.get('replica')} diverged: loss {loss} at step {step}"})
+                self._pending_markers.append(
+                    {
+                        "kind": "diverged",
+                        "e": e,
+                        "label": f"replica {e.get('replica')} diverged: loss {loss} at step {step}",
+                    }
+                )
         qid = e.get("quorum_id")
         if qid is not None:
             self._quorum(t, qid, e.get("step"), e.get("participants"))
@@ -234,9 +246,7 @@ class DashboardState:
             if participants is not None:
                 self.participants = int(participants)
         if changed:
-            self.quorum_history.append(
-                {"t": t, "step": step, "quorum_id": qid, "participants": self.participants}
-            )
+            self.quorum_history.append({"t": t, "step": step, "quorum_id": qid, "participants": self.participants})
             self.quorum_version += 1
 
     def _on_quorum(self, e: dict, t: float) -> None:
@@ -250,32 +260,48 @@ class DashboardState:
         if source is None:
             source = e.get("from_address")
         self.heals.append(
-            {"t": t, "replica": e.get("replica"), "from": source, "step": e.get("step"),
-             "seconds": e.get("seconds"), "bytes": e.get("bytes"), "served_from": e.get("served_from"),
-             "interface": e.get("interface"), "bytes_per_s": e.get("bytes_per_s")}
+            {
+                "t": t,
+                "replica": e.get("replica"),
+                "from": source,
+                "step": e.get("step"),
+                "seconds": e.get("seconds"),
+                "bytes": e.get("bytes"),
+                "served_from": e.get("served_from"),
+                "interface": e.get("interface"),
+                "bytes_per_s": e.get("bytes_per_s"),
+            }
         )
-        self._pending_markers.append({"kind": "heal", "e": e, "label": f"replica {e.get('replica')} healed"
-                                      + (f" from {source}" if source is not None else "")})
+        self._pending_markers.append(
+            {
+                "kind": "heal",
+                "e": e,
+                "label": f"replica {e.get('replica')} healed" + (f" from {source}" if source is not None else ""),
+            }
+        )
 
     def _on_checkpoint(self, e: dict, t: float) -> None:
         if not e.get("durable", True):
             return
         key = e.get("replica") if e.get("replica") is not None else 0
         self.checkpoints[key] = {
-            "t": t, "step": e.get("step"), "bytes": e.get("bytes"), "seconds": e.get("seconds"),
+            "t": t,
+            "step": e.get("step"),
+            "bytes": e.get("bytes"),
+            "seconds": e.get("seconds"),
             "path": e.get("path"),
         }
         late = " (recorded late: its attempt was killed first)" if e.get("late") else ""
-        self._pending_markers.append({"kind": "checkpoint", "e": e, "label": f"checkpoint step {e.get('step')} durable{late}"})
+        self._pending_markers.append(
+            {"kind": "checkpoint", "e": e, "label": f"checkpoint step {e.get('step')} durable{late}"}
+        )
 
     def _on_fault(self, e: dict, t: float) -> None:
         action = e.get("action")
         if action == faultkinds.RESUME:
             return
         where = f"replica {e.get('target')}" if e.get("target") not in (None, "lighthouse") else "lighthouse"
-        self._pending_markers.append(
-            {"kind": "fault", "e": e, "label": f"{action} {where} ({e.get('origin', '?')})"}
-        )
+        self._pending_markers.append({"kind": "fault", "e": e, "label": f"{action} {where} ({e.get('origin', '?')})"})
 
     def _on_sync(self, e: dict, t: float) -> None:
         """A DiLoCo-style outer sync (``ft.algorithm``): one marker per ``sync_index``, on the curve
@@ -284,12 +310,14 @@ class DashboardState:
         if key in self._synced:
             return
         self._synced.add(key)
-        label = (f"sync {key} ({e.get('algorithm', '?')}"
-                 + (f", fragment {e['fragment']}" if e.get("fragment") is not None else "")
-                 + f"): {e.get('participants', '?')} groups"
-                 + (f", {e['bytes'] / 1e6:.1f} MB" if isinstance(e.get("bytes"), (int, float)) else "")
-                 + (f" in {e['seconds']:.2f} s" if isinstance(e.get("seconds"), (int, float)) else "")
-                 + ("" if e.get("committed", True) else ", not committed"))
+        label = (
+            f"sync {key} ({e.get('algorithm', '?')}"
+            + (f", fragment {e['fragment']}" if e.get("fragment") is not None else "")
+            + f"): {e.get('participants', '?')} groups"
+            + (f", {e['bytes'] / 1e6:.1f} MB" if isinstance(e.get("bytes"), (int, float)) else "")
+            + (f" in {e['seconds']:.2f} s" if isinstance(e.get("seconds"), (int, float)) else "")
+            + ("" if e.get("committed", True) else ", not committed")
+        )
         self._pending_markers.append({"kind": "sync", "e": e, "label": label})
 
     # -- markers ---------------------------------------------------------------
@@ -303,7 +331,9 @@ class DashboardState:
             step, loss = point if point else (0.0, math.nan)
             if m["kind"] != "fault" and e.get("step") is not None:
                 step = float(e["step"])
-            self.markers.append(Marker(m["kind"], t, step, loss, replica if isinstance(replica, int) else None, m["label"]))
+            self.markers.append(
+                Marker(m["kind"], t, step, loss, replica if isinstance(replica, int) else None, m["label"])
+            )
         self._pending_markers.clear()
         self.markers_version += 1
 

@@ -34,10 +34,19 @@ class Updater:
     updater (the widget).
     """
 
-    def __init__(self, kind: str, key: str, update: Callable[[], Any], ended: Callable[[], bool],
-                 interval: float, *, name: str, owner: Any = None,
-                 on_error: Optional[Callable[[Exception], None]] = None,
-                 on_exit: Optional[Callable[[], None]] = None) -> None:
+    def __init__(
+        self,
+        kind: str,
+        key: str,
+        update: Callable[[], Any],
+        ended: Callable[[], bool],
+        interval: float,
+        *,
+        name: str,
+        owner: Any = None,
+        on_error: Optional[Callable[[Exception], None]] = None,
+        on_exit: Optional[Callable[[], None]] = None,
+    ) -> None:
         self.slot = (kind, key)
         self.update = update
         self.ended = ended

@@ -28,9 +28,10 @@ import signal
 
 import submitit
 
+from workbench.cluster.base import Cluster
+from workbench.errors import FaultError
 from workbench.faults import undo
 from workbench.faults.kinds import FaultKind
-from workbench.cluster.base import Cluster, FaultError
 
 
 class LocalCluster(Cluster):
@@ -52,7 +53,9 @@ class LocalCluster(Cluster):
         if self.forks() and self.fork_server is None:
             from workbench.cluster.local.forkserver import ForkServer
 
-            self.fork_server = ForkServer(self.spec.trainer, self.spec.model.model_dump(mode="json"), log=self.run_dir / "forkserver.log")
+            self.fork_server = ForkServer(
+                self.spec.trainer, self.spec.model.model_dump(mode="json"), log=self.run_dir / "forkserver.log"
+            )
             self.fork_server.start()
 
     def close(self) -> None:
@@ -84,8 +87,13 @@ class LocalCluster(Cluster):
             procs = [proc, *proc.descendants()]
             for p in procs:
                 p.signal(signal.SIGSTOP)
-            undo.later(self.run_dir, kind.name, seconds, signals=[[*p.as_record(), int(signal.SIGCONT)] for p in procs],
-                       fields={"target": view.replica, "pid": proc.pid})
+            undo.later(
+                self.run_dir,
+                kind.name,
+                seconds,
+                signals=[[*p.as_record(), int(signal.SIGCONT)] for p in procs],
+                fields={"target": view.replica, "pid": proc.pid},
+            )
         else:
             sig = kind.signal if kind.signal is not None else self.preempt_signal
             if not proc.signal(sig):

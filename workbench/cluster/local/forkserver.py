@@ -63,9 +63,8 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Optional
+from typing import Optional
 
-import submitit
 from submitit.core import core, utils
 
 QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
@@ -285,8 +284,18 @@ class ForkServer:
         err = open(self.log, "ab") if self.log else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "workbench.cluster.local.forkserver", self.trainer, json.dumps(self.model or {})],
-                stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=err, env=env, close_fds=True,
+                [
+                    sys.executable,
+                    "-m",
+                    "workbench.cluster.local.forkserver",
+                    self.trainer,
+                    json.dumps(self.model or {}),
+                ],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                env=env,
+                close_fds=True,
             )
         finally:
             if self.log:
@@ -432,9 +441,14 @@ class ForkExecutor(core.PicklingExecutor):
     def _submit_command(self, command: str) -> ForkJob:  # noqa: ARG002
         env = dict(os.environ)
         env.update(
-            SUBMITIT_LOCAL_NTASKS="1", SUBMITIT_LOCAL_NODEID="0", SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-            SUBMITIT_STDERR_TO_STDOUT="", SUBMITIT_EXECUTOR="local", CUDA_VISIBLE_DEVICES="",
-            SUBMITIT_LOCAL_WITH_SHELL="", SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
+            SUBMITIT_LOCAL_NTASKS="1",
+            SUBMITIT_LOCAL_NODEID="0",
+            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+            SUBMITIT_STDERR_TO_STDOUT="",
+            SUBMITIT_EXECUTOR="local",
+            CUDA_VISIBLE_DEVICES="",
+            SUBMITIT_LOCAL_WITH_SHELL="",
+            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
             SUBMITIT_LOCAL_SIGNAL_DELAY_S="30",
         )
         pid, pid_start = self.server.fork(self.folder, env)

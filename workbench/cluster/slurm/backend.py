@@ -53,10 +53,19 @@ from typing import Any, Callable
 
 import submitit
 
+from workbench.cluster.base import Cluster
 from workbench.cluster.slurm import faults as slurm_faults
 from workbench.cluster.slurm import validate as slurm_validate
-from workbench.cluster.base import Cluster
-from workbench.cluster.slurm.client import TERMINAL_STATES, client_env, cluster_identity, executor_parameters, job_states, resolve_conf, slurm_cmd, submit_host_toward_nodes
+from workbench.cluster.slurm.client import (
+    TERMINAL_STATES,
+    client_env,
+    cluster_identity,
+    executor_parameters,
+    job_states,
+    resolve_conf,
+    slurm_cmd,
+    submit_host_toward_nodes,
+)
 
 __all__ = ["SlurmCluster", "TERMINAL_STATES", "client_env", "executor_parameters", "resolve_conf", "slurm_cmd"]
 

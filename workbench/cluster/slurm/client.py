@@ -12,10 +12,20 @@ import subprocess
 from pathlib import Path
 from typing import Any, Optional
 
-TERMINAL_STATES = frozenset({
-    "COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "BOOT_FAIL",
-    "DEADLINE", "OUT_OF_MEMORY", "REVOKED",
-})
+TERMINAL_STATES = frozenset(
+    {
+        "COMPLETED",
+        "FAILED",
+        "CANCELLED",
+        "TIMEOUT",
+        "NODE_FAIL",
+        "PREEMPTED",
+        "BOOT_FAIL",
+        "DEADLINE",
+        "OUT_OF_MEMORY",
+        "REVOKED",
+    }
+)
 
 
 def resolve_conf(spec) -> Optional[str]:
@@ -93,8 +103,11 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
     """
     s = spec.slurm
     srun_args = list(s.srun_args)
-    if not elastic and s.nodes * s.tasks_per_node > 1 and not any(a.startswith(("--kill-on-bad-exit", "-K"))
-                                                                  for a in srun_args):
+    if (
+        not elastic
+        and s.nodes * s.tasks_per_node > 1
+        and not any(a.startswith(("--kill-on-bad-exit", "-K")) for a in srun_args)
+    ):
         srun_args.append("--kill-on-bad-exit=1")
     params: dict[str, Any] = {
         "time": s.time_min,

@@ -26,7 +26,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import signal as _signal
 import sys
 import time
 from pathlib import Path
@@ -59,9 +58,17 @@ class _Drill:
     def sbatch(self, name: str, *args: str) -> str:
         script = self.dir / f"{name}.sbatch"
         script.write_text(BATCH.format(python=sys.executable, probe=self.dir / "probe.py", dir=self.dir, name=name))
-        argv = ["sbatch", "--parsable", f"--job-name=wb-drill-{name}", f"--output={self.dir}/{name}-%A_%a.out",
-                "--ntasks=1", "--cpus-per-task=1", *(["--partition", self.partition] if self.partition else []),
-                *args, str(script)]
+        argv = [
+            "sbatch",
+            "--parsable",
+            f"--job-name=wb-drill-{name}",
+            f"--output={self.dir}/{name}-%A_%a.out",
+            "--ntasks=1",
+            "--cpus-per-task=1",
+            *(["--partition", self.partition] if self.partition else []),
+            *args,
+            str(script),
+        ]
         r = slurm_cmd(self.conf, *argv)
         if r.returncode != 0:
             raise DrillError(f"sbatch for probe {name} failed: {(r.stderr or r.stdout).strip()}")
@@ -108,12 +115,16 @@ def _signals(records: list[dict], after: float = 0.0, before: float = float("inf
     return [r for r in records if r["ev"] == "signal" and after <= r["t"] <= before]
 
 
-def drill(partition: Optional[str] = None, conf: Optional[str] = None, run_root: Optional[str] = None,
-          timeout_s: float = 120.0) -> pd.DataFrame:
+def drill(
+    partition: Optional[str] = None,
+    conf: Optional[str] = None,
+    run_root: Optional[str] = None,
+    timeout_s: float = 120.0,
+) -> pd.DataFrame:
     """Run the probes (see the module docstring); one row per finding: probe, question, answer, seconds."""
     if conf is None:
-        from workbench.spec.models import Spec
         from workbench.cluster.slurm.client import resolve_conf
+        from workbench.spec.models import Spec
 
         conf = resolve_conf(Spec(cluster="slurm"))
     root = Path(run_root or os.environ.get("WORKBENCH_RUN_ROOT", "runs")).expanduser().resolve() / DRILLS_DIR
@@ -123,21 +134,30 @@ def drill(partition: Optional[str] = None, conf: Optional[str] = None, run_root:
     rows: list[dict] = []
 
     def row(probe, question, answer, seconds=None, detail=""):
-        rows.append({"probe": probe, "question": question, "answer": answer,
-                     "seconds": None if seconds is None else round(float(seconds), 2), "detail": detail})
+        rows.append(
+            {
+                "probe": probe,
+                "question": question,
+                "answer": answer,
+                "seconds": None if seconds is None else round(float(seconds), 2),
+                "detail": detail,
+            }
+        )
 
     try:
         d.sbatch("signal", "--time=1", f"--signal=USR2@{SIGNAL_DELAY_S}", "--no-requeue")
         d.sbatch("preempt", "--time=5", "--no-requeue")
         d.sbatch("requeue", "--time=5", "--requeue")
         d.sbatch("array", "--time=5", "--requeue", "--array=0-1")
-        started = d.wait(lambda: all(d.starts(n) for n in ("signal", "preempt", "requeue", "array-0",
-                                                                       "array-1")), timeout_s)
+        started = d.wait(
+            lambda: all(d.starts(n) for n in ("signal", "preempt", "requeue", "array-0", "array-1")), timeout_s
+        )
         if not started:
             missing = [n for n in ("signal", "preempt", "requeue", "array-0", "array-1") if not d.starts(n)]
-            raise DrillError(f"probes {', '.join(missing)} did not start within {timeout_s:.0f} s; squeue: "
-                             + slurm_cmd(conf, "squeue", "-h", "-o", "%i %T %r", "-j",
-                                         ",".join(d.jobs.values())).stdout.strip())
+            raise DrillError(
+                f"probes {', '.join(missing)} did not start within {timeout_s:.0f} s; squeue: "
+                + slurm_cmd(conf, "squeue", "-h", "-o", "%i %T %r", "-j", ",".join(d.jobs.values())).stdout.strip()
+            )
 
         t_cancel = time.time()
         slurm_cmd(conf, "scancel", d.jobs["preempt"])
@@ -149,10 +169,18 @@ def drill(partition: Optional[str] = None, conf: Optional[str] = None, run_root:
 
         dead = d.death("preempt", t_cancel)
         sigs = _signals(d.records("preempt"), t_cancel)
-        row("preempt", "signals the task gets (scancel, as PreemptMode=CANCEL does)",
-            ", ".join(s["sig"] for s in sigs) or "none caught", detail="then SIGKILL" if dead else "")
-        row("preempt", "seconds from the first signal to the kill",
-            "measured" if dead and sigs else "not measured", (dead - sigs[0]["t"]) if dead and sigs else None)
+        row(
+            "preempt",
+            "signals the task gets (scancel, as PreemptMode=CANCEL does)",
+            ", ".join(s["sig"] for s in sigs) or "none caught",
+            detail="then SIGKILL" if dead else "",
+        )
+        row(
+            "preempt",
+            "seconds from the first signal to the kill",
+            "measured" if dead and sigs else "not measured",
+            (dead - sigs[0]["t"]) if dead and sigs else None,
+        )
 
         back = d.wait(lambda: len(d.starts("requeue")) > 1, timeout_s)
         rq = d.starts("requeue")
@@ -160,25 +188,35 @@ def drill(partition: Optional[str] = None, conf: Optional[str] = None, run_root:
         row("requeue", "signals on scontrol requeue", ", ".join(s["sig"] for s in sigs) or "none caught")
         if back:
             same = rq[1]["job"] == rq[0]["job"]
-            row("requeue", "runs again under the same job id", "yes" if same else f"no: {rq[0]['job']} -> {rq[1]['job']}",
-                detail=f"SLURM_RESTART_COUNT={rq[1]['restart']}")
+            row(
+                "requeue",
+                "runs again under the same job id",
+                "yes" if same else f"no: {rq[0]['job']} -> {rq[1]['job']}",
+                detail=f"SLURM_RESTART_COUNT={rq[1]['restart']}",
+            )
             row("requeue", "seconds from requeue to running again", "measured", rq[1]["t"] - t_requeue)
         else:
             row("requeue", "runs again under the same job id", f"not within {timeout_s:.0f} s")
 
         back1 = d.wait(lambda: len(d.starts("array-1")) > 1, timeout_s)
         untouched = len(d.starts("array-0")) == 1 and not _signals(d.records("array-0"))
-        row("array", "task 1 requeued alone, task 0 untouched",
+        row(
+            "array",
+            "task 1 requeued alone, task 0 untouched",
             "yes" if back1 and untouched else f"no: task 1 back {back1}, task 0 untouched {untouched}",
-            d.starts("array-1")[1]["t"] - t_array if back1 else None)
+            d.starts("array-1")[1]["t"] - t_array if back1 else None,
+        )
 
         got = d.wait(lambda: bool(_signals(d.records("signal"))), 75.0)
         first = d.starts("signal")[0]["t"]
         sigs = _signals(d.records("signal"))
-        row("signal", f"--signal=USR2@{SIGNAL_DELAY_S} (1 min limit) arrives",
+        row(
+            "signal",
+            f"--signal=USR2@{SIGNAL_DELAY_S} (1 min limit) arrives",
             ", ".join(s["sig"] for s in sigs) if got else "no signal within 75 s",
-            (sigs[0]["t"] - first) if got else None, detail="seconds after the task started; due after "
-                                                            f"{60 - SIGNAL_DELAY_S} s")
+            (sigs[0]["t"] - first) if got else None,
+            detail=f"seconds after the task started; due after {60 - SIGNAL_DELAY_S} s",
+        )
     finally:
         d.cancel_all()
     _sacct_rows(d, row)
@@ -204,5 +242,8 @@ def _sacct_rows(d: _Drill, row) -> None:
         by_job.setdefault(job, []).append(f"{state} ({code})")
     for name, job in d.jobs.items():
         mine = {j: s for j, s in by_job.items() if j == job or j.startswith(f"{job}_")}
-        row(name, "sacct records", "; ".join(f"{j}: {', '.join(s)}" for j, s in sorted(mine.items())) or
-            "nothing (no accounting?)")
+        row(
+            name,
+            "sacct records",
+            "; ".join(f"{j}: {', '.join(s)}" for j, s in sorted(mine.items())) or "nothing (no accounting?)",
+        )

@@ -28,8 +28,14 @@ def main(directory: str, probe: str) -> None:
 
     for s in CAUGHT:
         signal.signal(getattr(signal, s), on)
-    log(ev="start", job=os.environ.get("SLURM_JOB_ID"), array_job=os.environ.get("SLURM_ARRAY_JOB_ID"),
-        task=task, restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")), node=os.environ.get("SLURMD_NODENAME"))
+    log(
+        ev="start",
+        job=os.environ.get("SLURM_JOB_ID"),
+        array_job=os.environ.get("SLURM_ARRAY_JOB_ID"),
+        task=task,
+        restart=int(os.environ.get("SLURM_RESTART_COUNT", "0")),
+        node=os.environ.get("SLURMD_NODENAME"),
+    )
     alive = os.path.join(directory, name + ".alive")
     while True:
         with open(alive + ".tmp", "w") as f:

@@ -28,10 +28,10 @@ import os
 import signal
 from typing import Optional
 
+from workbench.cluster.slurm.client import client_env, slurm_cmd
+from workbench.errors import FaultError
 from workbench.faults import undo as undo_helper
 from workbench.faults.kinds import FaultKind
-from workbench.cluster.base import FaultError
-from workbench.cluster.slurm.client import client_env, slurm_cmd
 
 NODE_KINDS = ("node_down", "slurmd_kill")
 
@@ -63,13 +63,30 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
     node_fields = {"target": node, "node": node, "replica_hit": view.replica}  # a node's undo names the node
     if kind.pauses_process:
         run_or_fail("scancel", "--signal=STOP", job_id)
-        undo_helper.later(cluster.run_dir, kind.name, seconds, argv=["scancel", "--signal=CONT", job_id],
-                          env=env, fields={"target": view.replica, "job_id": job_id})
+        undo_helper.later(
+            cluster.run_dir,
+            kind.name,
+            seconds,
+            argv=["scancel", "--signal=CONT", job_id],
+            env=env,
+            fields={"target": view.replica, "job_id": job_id},
+        )
     elif kind.name == "node_down":
-        run_or_fail("scontrol", "update", f"NodeName={node}", "State=DOWN",
-                    f"Reason=workbench fault ({origin}) on replica {view.replica}")
-        undo_helper.later(cluster.run_dir, kind.name, seconds,
-                          argv=["scontrol", "update", f"NodeName={node}", "State=RESUME"], env=env, fields=node_fields)
+        run_or_fail(
+            "scontrol",
+            "update",
+            f"NodeName={node}",
+            "State=DOWN",
+            f"Reason=workbench fault ({origin}) on replica {view.replica}",
+        )
+        undo_helper.later(
+            cluster.run_dir,
+            kind.name,
+            seconds,
+            argv=["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+            env=env,
+            fields=node_fields,
+        )
     elif kind.name == "slurmd_kill":
         from workbench.devcluster import DevClusterError, slurmd_pid
 
@@ -78,15 +95,21 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
         except DevClusterError as e:
             raise FaultError(f"slurmd_kill: {e}") from None
         os.kill(pid, signal.SIGKILL)
-        undo_helper.later(cluster.run_dir, kind.name, seconds, always=True, backend_undo=True, env=env,
-                          fields=node_fields)
+        undo_helper.later(
+            cluster.run_dir, kind.name, seconds, always=True, backend_undo=True, env=env, fields=node_fields
+        )
     elif kind.signal is not None:
         run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", "--full", job_id)
     else:
         run_or_fail("scancel", f"--signal={signal.Signals(cluster.preempt_signal).name[3:]}", job_id)
     proc = view.live_proc(attempt)
-    return {"target": view.replica, "attempt": attempt, "node": node, "job_id": job_id,
-            "pid": proc.pid if proc else None}
+    return {
+        "target": view.replica,
+        "attempt": attempt,
+        "node": node,
+        "job_id": job_id,
+        "pid": proc.pid if proc else None,
+    }
 
 
 def undo(cluster, payload: dict) -> dict:

@@ -22,18 +22,33 @@ import os
 import warnings
 from typing import Any, Mapping, Optional, Sequence, Union
 
-from workbench.cluster import backend_class, validate as cluster_validate
-from workbench.spec.models import Spec, SpecError
-from workbench.spec.load import load_spec
-from workbench.spec.preflight import preflight
+from workbench.cluster import backend_class
+from workbench.cluster import validate as cluster_validate
+from workbench.errors import SpecError
 from workbench.experiments.sweep import runner as controller
 from workbench.experiments.sweep import sweepdir
 from workbench.experiments.sweep.handle import SWEEP_TERMINAL, Sweep, attach_sweep
 from workbench.experiments.sweep.points import expand_points, point_name, point_spec, validate_points
 from workbench.experiments.sweep.sweepdir import SWEEP_JSON, SWEEPS_DIR, is_sweep_dir, list_sweeps, read_record
+from workbench.spec.load import load_spec
+from workbench.spec.models import Spec
+from workbench.spec.preflight import preflight
 
-__all__ = ["Sweep", "sweep", "attach_sweep", "list_sweeps", "is_sweep_dir", "read_record", "expand_points",
-           "point_name", "point_spec", "validate_points", "SWEEP_JSON", "SWEEPS_DIR", "SWEEP_TERMINAL"]
+__all__ = [
+    "Sweep",
+    "sweep",
+    "attach_sweep",
+    "list_sweeps",
+    "is_sweep_dir",
+    "read_record",
+    "expand_points",
+    "point_name",
+    "point_spec",
+    "validate_points",
+    "SWEEP_JSON",
+    "SWEEPS_DIR",
+    "SWEEP_TERMINAL",
+]
 
 
 def sweep(

@@ -19,15 +19,15 @@ from typing import Optional, Union
 import pandas as pd
 
 from workbench import analysis
-from workbench.run import detached
-from workbench.run import rundir
-from workbench.events.log import EventReader, EventWriter
 from workbench.cluster.procs import HOST, Proc, start_time
-from workbench.run.handle import ENDED, Run
-from workbench.spec.models import Spec, SpecError
+from workbench.errors import SpecError
+from workbench.events.log import EventReader, EventWriter
 from workbench.experiments.sweep import runner as controller
 from workbench.experiments.sweep.points import point_spec
 from workbench.experiments.sweep.sweepdir import SWEEP_JSON, is_sweep_dir, read_record
+from workbench.run import detached, rundir
+from workbench.run.handle import ENDED, Run
+from workbench.spec.models import Spec
 
 SWEEP_TERMINAL = ("completed", "stopped", "failed")
 
@@ -85,8 +85,11 @@ class Sweep:
     def index(self) -> pd.DataFrame:
         """Point -> run directory, from the controller's ``submit`` events."""
         self.refresh()
-        rows = [{"point": e["point"], "run_id": e.get("run_id"), "run_dir": e["run_dir"], "submitted": e["t"]}
-                for e in self._events if e.get("kind") == "submit"]
+        rows = [
+            {"point": e["point"], "run_id": e.get("run_id"), "run_dir": e["run_dir"], "submitted": e["t"]}
+            for e in self._events
+            if e.get("kind") == "submit"
+        ]
         return pd.DataFrame(rows, columns=["point", "run_id", "run_dir", "submitted"])
 
     def controller(self) -> Optional[Proc]:
@@ -143,13 +146,17 @@ class Sweep:
         rows = []
         for i, params in enumerate(self.points):
             run = self._runs.get(i)
-            rows.append({
-                "point": i, **params, "state": states[i],
-                "step": analysis.max_committed_step(run.events_read) if run is not None else None,
-                "steps_target": point_spec(self.record["base"], params, i).steps,
-                "run_id": run.id if run is not None else None,
-                "run_dir": str(run.run_dir) if run is not None else None,
-            })
+            rows.append(
+                {
+                    "point": i,
+                    **params,
+                    "state": states[i],
+                    "step": analysis.max_committed_step(run.events_read) if run is not None else None,
+                    "steps_target": point_spec(self.record["base"], params, i).steps,
+                    "run_id": run.id if run is not None else None,
+                    "run_dir": str(run.run_dir) if run is not None else None,
+                }
+            )
         return pd.DataFrame(rows)
 
     def table(self) -> pd.DataFrame:
@@ -204,7 +211,8 @@ class Sweep:
                 if run.state() not in ENDED:
                     run.stop()
             EventWriter(self.sweep_dir, f"control-{os.getpid()}", sweep=self.id).emit(
-                "sweep_end", state="stopped", reason="sweep controller unreachable; runs stopped")
+                "sweep_end", state="stopped", reason="sweep controller unreachable; runs stopped"
+            )
         return self.status()
 
     def pids(self) -> list[int]:

@@ -12,10 +12,9 @@ from typing import Any, Mapping, Optional, Sequence
 
 import numpy as np
 
-from workbench.spec.models import Spec, SpecError
-
+from workbench.errors import SpecError
 from workbench.spec.load import load_spec
-
+from workbench.spec.models import Spec
 from workbench.spec.preflight import preflight
 
 

@@ -25,11 +25,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from workbench.run import detached
 from workbench.events.log import EventReader, EventWriter
-from workbench.run.handle import ENDED, Run, attach, submit
 from workbench.experiments.sweep.points import point_spec
 from workbench.experiments.sweep.sweepdir import read_record
+from workbench.run import detached
+from workbench.run.handle import ENDED, Run, attach, submit
 
 POLL_S = 0.5
 
@@ -48,9 +48,7 @@ class SweepController:
         self.points = self.record["points"]
         self.max_parallel = int(self.record["max_parallel"])
         previous = EventReader(self.sweep_dir).poll()
-        self.runs: dict[int, Run] = {
-            e["point"]: attach(e["run_dir"]) for e in previous if e.get("kind") == "submit"
-        }
+        self.runs: dict[int, Run] = {e["point"]: attach(e["run_dir"]) for e in previous if e.get("kind") == "submit"}
         self.errors = {e["point"] for e in previous if e.get("kind") == "point_error"}
         self.writer = EventWriter(self.sweep_dir, "controller", sweep=self.record["sweep_id"])
         self.stopping = False
@@ -61,8 +59,13 @@ class SweepController:
     def run(self) -> str:
         signal.signal(signal.SIGTERM, self._on_stop_signal)
         signal.signal(signal.SIGINT, self._on_stop_signal)
-        self.writer.emit("start", role="sweep-controller", points=len(self.points), max_parallel=self.max_parallel,
-                         resumed=len(self.runs))
+        self.writer.emit(
+            "start",
+            role="sweep-controller",
+            points=len(self.points),
+            max_parallel=self.max_parallel,
+            resumed=len(self.runs),
+        )
         state, reason = "failed", ""
         try:
             state, reason = self._loop()
@@ -73,8 +76,9 @@ class SweepController:
             traceback.print_exc()
             self._stop_runs()
         finally:
-            self.writer.emit("sweep_end", state=state, reason=reason,
-                             points={i: r.state() for i, r in sorted(self.runs.items())})
+            self.writer.emit(
+                "sweep_end", state=state, reason=reason, points={i: r.state() for i, r in sorted(self.runs.items())}
+            )
             self.writer.close()
         return state
 
@@ -117,4 +121,3 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     state = SweepController(Path(argv[0])).run()
     return 0 if state in ("completed", "stopped") else 1
-

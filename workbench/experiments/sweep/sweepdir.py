@@ -23,8 +23,9 @@ import socket
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from workbench.errors import SpecError
 from workbench.run import rundir
-from workbench.spec.models import Spec, SpecError
+from workbench.spec.models import Spec
 
 SWEEP_JSON = "sweep.json"
 SWEEPS_DIR = "sweeps"

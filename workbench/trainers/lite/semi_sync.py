@@ -75,7 +75,6 @@ import contextlib
 import time
 from typing import Any, Optional
 
-
 SYNC_PARTS = ("quorum", "prepare", "perform")
 """The blocking parts of a sync, in order; DiLoCo's ``seconds`` is their sum (``vote`` is inside ``perform``)."""
 
@@ -107,8 +106,11 @@ def fragments_of(model, n: int) -> list:
     """The decoder as ``n`` contiguous fragments: embeddings, blocks, head, split as evenly as they go."""
     from torch import nn
 
-    units: list[nn.Module] = [nn.ModuleList([model.tok, model.pos]), *model.blocks.layers,
-                              nn.ModuleList([model.norm, model.head])]
+    units: list[nn.Module] = [
+        nn.ModuleList([model.tok, model.pos]),
+        *model.blocks.layers,
+        nn.ModuleList([model.norm, model.head]),
+    ]
     bounds = [round(i * len(units) / n) for i in range(n + 1)]
     return [nn.ModuleList(units[a:b]) for a, b in zip(bounds, bounds[1:])]
 
@@ -123,8 +125,9 @@ class SemiSync:
     peers (``Heartbeat.waiting``), which the hang detector reads.
     """
 
-    def __init__(self, ft: dict, manager, model, inner_opt, counter: AllreduceBytes, log_handler=None,
-                 beat=None) -> None:
+    def __init__(
+        self, ft: dict, manager, model, inner_opt, counter: AllreduceBytes, log_handler=None, beat=None
+    ) -> None:
         import torch
         from torchft.local_sgd import DiLoCo, LocalSGD
 
@@ -156,12 +159,24 @@ class SemiSync:
         else:
             n = ft["fragments"] if self.algorithm == "streaming_diloco" else 1
             parts = fragments_of(model, n) if n > 1 else [model]
-            outer = [torch.optim.SGD(p.parameters(), lr=ft["outer_lr"], momentum=ft["outer_momentum"],
-                                     nesterov=ft["outer_nesterov"]) for p in parts]
-            self.impl = DiLoCo(manager, parts, inner_opt, outer, sync_every=ft["sync_every"],
-                               should_quantize=ft["quantize"], fragment_sync_delay=ft["fragment_sync_delay"],
-                               fragment_update_alpha=ft["fragment_update_alpha"],
-                               use_bucketization=ft.get("bucket_cap_mb") is not None, bucket_cap_mb=ft.get("bucket_cap_mb"))
+            outer = [
+                torch.optim.SGD(
+                    p.parameters(), lr=ft["outer_lr"], momentum=ft["outer_momentum"], nesterov=ft["outer_nesterov"]
+                )
+                for p in parts
+            ]
+            self.impl = DiLoCo(
+                manager,
+                parts,
+                inner_opt,
+                outer,
+                sync_every=ft["sync_every"],
+                should_quantize=ft["quantize"],
+                fragment_sync_delay=ft["fragment_sync_delay"],
+                fragment_update_alpha=ft["fragment_update_alpha"],
+                use_bucketization=ft.get("bucket_cap_mb") is not None,
+                bucket_cap_mb=ft.get("bucket_cap_mb"),
+            )
             self.inner_per_sync = ft["sync_every"] // n
             self.fragments = self.impl._fragments
             for i, frag in enumerate(self.fragments):
@@ -188,7 +203,11 @@ class SemiSync:
         start_quorum = self.manager.start_quorum
 
         def timed(*args, **kwargs):
-            self._bytes0, self._step0, self._calls0 = self.counter.total, self.manager.current_step(), self.counter.calls
+            self._bytes0, self._step0, self._calls0 = (
+                self.counter.total,
+                self.manager.current_step(),
+                self.counter.calls,
+            )
             with self._in_sync("quorum"):
                 start_quorum(*args, **kwargs)
 
@@ -216,9 +235,14 @@ class SemiSync:
         blocked = sum(parts.get(f"t_{p}_s", 0.0) for p in SYNC_PARTS)
         seconds = time.perf_counter() - self._t if self.algorithm == "localsgd" else blocked
         self.done = dict(
-            step=m.current_step(), sync_index=self.syncs, algorithm=self.algorithm,
+            step=m.current_step(),
+            sync_index=self.syncs,
+            algorithm=self.algorithm,
             fragment=fragment if self.algorithm != "localsgd" else None,
-            bytes=self.counter.total - self._bytes0, allreduces=self.counter.calls - self._calls0, seconds=seconds, participants=m.num_participants(),
+            bytes=self.counter.total - self._bytes0,
+            allreduces=self.counter.calls - self._calls0,
+            seconds=seconds,
+            participants=m.num_participants(),
             quorum_id=commit["quorum_id"] if commit else m._quorum_id,
             committed=bool(commit["commit_result"]) if commit else m.current_step() > self._step0,
             **parts,
@@ -247,14 +271,17 @@ class SemiSync:
     def sync_next_step(self) -> None:
         """End the window at the next inner step ("Catching up" in the module docstring)."""
         impl = self.impl
-        last = impl._sync_every - 1 if self.algorithm == "localsgd" else impl._sync_every - impl._fragment_sync_delay - 1
+        last = (
+            impl._sync_every - 1 if self.algorithm == "localsgd" else impl._sync_every - impl._fragment_sync_delay - 1
+        )
         if impl._local_step < last:
             impl._local_step = last
             self._early = True
 
 
-def train(ctx, spec: dict, writer, manager, model, inner_opt, counter: AllreduceBytes, log_handler, stop,
-          beat) -> tuple[str, int, int]:
+def train(
+    ctx, spec: dict, writer, manager, model, inner_opt, counter: AllreduceBytes, log_handler, stop, beat
+) -> tuple[str, int, int]:
     """The semi-synchronous training loop; returns (exit reason, iterations, training step)."""
     import torch
 
@@ -296,12 +323,19 @@ def train(ctx, spec: dict, writer, manager, model, inner_opt, counter: Allreduce
         dt = time.perf_counter() - t0
         beat.step = step
         fields: dict[str, Any] = dict(
-            step=step, loss=float(loss.item()), inner=sync is None, algorithm=ft["algorithm"],
+            step=step,
+            loss=float(loss.item()),
+            inner=sync is None,
+            algorithm=ft["algorithm"],
             committed=True if sync is None else bool(sync["committed"]),
-            participating=bool(manager.is_participating()), participants=manager.num_participants(),
-            quorum_id=manager._quorum_id if sync is None else sync["quorum_id"], step_time_s=dt,
-            tokens_per_s=tokens / dt if dt else None, batch_seed=[spec["seed"], before, ctx.replica],
-            manager_step=manager.current_step(), bytes=counter.take(),
+            participating=bool(manager.is_participating()),
+            participants=manager.num_participants(),
+            quorum_id=manager._quorum_id if sync is None else sync["quorum_id"],
+            step_time_s=dt,
+            tokens_per_s=tokens / dt if dt else None,
+            batch_seed=[spec["seed"], before, ctx.replica],
+            manager_step=manager.current_step(),
+            bytes=counter.take(),
         )
         if sync is not None:
             fields["weights"] = weights_checksum(model.state_dict())

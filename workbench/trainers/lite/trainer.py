@@ -52,11 +52,8 @@ def run(ctx: JobContext) -> None:
     from torchft import DistributedDataParallel, Manager, Optimizer
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from workbench.trainers.torchft import collective_failure
-    from workbench.trainers.torchft import commit_vote
-    from workbench.trainers.torchft import ddp_hook
-    from workbench.trainers.torchft import quorum_epochs
     from workbench.trainers.lite import semi_sync
+    from workbench.trainers.torchft import collective_failure, commit_vote, ddp_hook, quorum_epochs
     from workbench.trainers.torchft.logs import TorchftLogHandler
 
     loopback.install(host)
@@ -100,8 +97,14 @@ def run(ctx: JobContext) -> None:
             seconds, nbytes = time.perf_counter() - t0, state_bytes(sd)
             served = max(w[1] for w in waits) - t0 if waits else None
             heal_stats.update(
-                seconds=seconds, bytes=nbytes, from_address=metadata, src_rank=src_rank, step=step,
-                wait_s=served, transfer_s=seconds - served if served is not None else None, transport="http",
+                seconds=seconds,
+                bytes=nbytes,
+                from_address=metadata,
+                src_rank=src_rank,
+                step=step,
+                wait_s=served,
+                transfer_s=seconds - served if served is not None else None,
+                transport="http",
                 **loopback.heal_fields(metadata, seconds, nbytes),
             )
             return sd
@@ -120,15 +123,14 @@ def run(ctx: JobContext) -> None:
     pg = loopback.loopback_process_group_gloo()(timeout=pg_timeout)
     if tf.get("checkpoint_transport", "pg") == "pg":
         init_adamw_state(inner_opt)  # the heal receives into it in place; AdamW would create the same zeros lazily
-        transport = _pg_transport(pg, timeout, heal_stats, f"pg://{host}/replica_{ctx.replica}",
-                                  lambda: manager._manager_state_dict())
+        transport = _pg_transport(
+            pg, timeout, heal_stats, f"pg://{host}/replica_{ctx.replica}", lambda: manager._manager_state_dict()
+        )
     else:
         transport = InstrumentedTransport(timeout=timeout, num_chunks=int(tf.get("http_chunks", 0)))
     allreduce_bytes = semi_sync.AllreduceBytes(pg)
     algorithm = (spec.get("ft") or {}).get("algorithm", "ddp")
-    writer.emit(
-        "phase", phase="model_ready", seconds=time.time() - t_start, checkpoint_address=transport.metadata()
-    )
+    writer.emit("phase", phase="model_ready", seconds=time.time() - t_start, checkpoint_address=transport.metadata())
     if spare_id is not None:
         # A hot spare: everything up to here is done ahead of time. It must not create its
         # Manager yet: an idle Manager heartbeats, and the lighthouse would hold every quorum
@@ -142,10 +144,19 @@ def run(ctx: JobContext) -> None:
         if log_handler is not None:
             log_handler.writer = writer
         t_assigned = time.time()
-        writer.emit("start", trainer="torchft-lite", role="replica", world_size=1, from_spare=spare_id,
-                    address=host, **ctx.placement())
+        writer.emit(
+            "start",
+            trainer="torchft-lite",
+            role="replica",
+            world_size=1,
+            from_spare=spare_id,
+            address=host,
+            **ctx.placement(),
+        )
         writer.emit("phase", phase="imports_done", seconds=0.0, from_spare=spare_id)
-        writer.emit("phase", phase="model_ready", seconds=time.time() - t_assigned, checkpoint_address=transport.metadata())
+        writer.emit(
+            "phase", phase="model_ready", seconds=time.time() - t_assigned, checkpoint_address=transport.metadata()
+        )
     if tf.get("tokio_worker_threads"):  # read by the tokio runtimes the Manager starts (spec.TorchftSpec)
         os.environ["TOKIO_WORKER_THREADS"] = str(tf["tokio_worker_threads"])
     manager = Manager(
@@ -178,7 +189,9 @@ def run(ctx: JobContext) -> None:
         commit_vote.install(manager, world_size=1)
     phases = _install_timing(manager, inner_opt) if tf.get("step_timing") and algorithm == "ddp" else None
     if algorithm == "ddp":
-        ddp_class = ddp_hook.lean_ddp(DistributedDataParallel, pg) if tf.get("lean_ddp_hook", True) else DistributedDataParallel
+        ddp_class = (
+            ddp_hook.lean_ddp(DistributedDataParallel, pg) if tf.get("lean_ddp_hook", True) else DistributedDataParallel
+        )
         ddp = (_timed_ddp(ddp_class, phases) if phases else ddp_class)(manager, model)
         optimizer = Optimizer(manager, inner_opt)
     writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)
@@ -188,8 +201,9 @@ def run(ctx: JobContext) -> None:
     if algorithm != "ddp":
         loop_t0 = time.perf_counter()
         try:
-            reason, iterations, step = semi_sync.train(ctx, spec, writer, manager, model, inner_opt, allreduce_bytes,
-                                                 log_handler, stop, beat)
+            reason, iterations, step = semi_sync.train(
+                ctx, spec, writer, manager, model, inner_opt, allreduce_bytes, log_handler, stop, beat
+            )
         except Exception as e:
             writer.emit("exit", reason="error", step=manager.current_step(), error=f"{type(e).__name__}: {e}")
             raise
@@ -240,13 +254,22 @@ def run(ctx: JobContext) -> None:
                 t_wb = time.perf_counter()
                 # The vote and its quorum as torchft logged them; by hand only with the route off.
                 commit = log_handler.take_commit() if log_handler is not None else None
-                committed, quorum_id = ((commit["commit_result"], commit["quorum_id"]) if commit is not None
-                                        else (step > step_before, manager._quorum_id))
+                committed, quorum_id = (
+                    (commit["commit_result"], commit["quorum_id"])
+                    if commit is not None
+                    else (step > step_before, manager._quorum_id)
+                )
                 fields = dict(
-                    step=step, loss=float(loss.item()), committed=bool(committed),
-                    participating=bool(manager.is_participating()), participants=manager.num_participants(),
-                    quorum_id=quorum_id, step_time_s=dt, tokens_per_s=tokens / dt if dt else None,
-                    batch_seed=[spec["seed"], step_before, ctx.replica], bytes=allreduce_bytes.take(),
+                    step=step,
+                    loss=float(loss.item()),
+                    committed=bool(committed),
+                    participating=bool(manager.is_participating()),
+                    participants=manager.num_participants(),
+                    quorum_id=quorum_id,
+                    step_time_s=dt,
+                    tokens_per_s=tokens / dt if dt else None,
+                    batch_seed=[spec["seed"], step_before, ctx.replica],
+                    bytes=allreduce_bytes.take(),
                 )
                 if step % checksum_every == 0 or step >= steps:
                     fields["weights"] = weights_checksum(model.state_dict())
@@ -314,8 +337,14 @@ def _pg_transport(pg, timeout, heal_stats: dict, address: str, state_dict):
                 self._pg = pg
             seconds, nbytes = time.perf_counter() - t0, state_bytes(sd)
             heal_stats.update(
-                seconds=seconds, bytes=nbytes, from_address=metadata, src_rank=src_rank, step=step, transport="pg",
-                wait_s=first.served, transfer_s=seconds - first.served if first.served is not None else None,
+                seconds=seconds,
+                bytes=nbytes,
+                from_address=metadata,
+                src_rank=src_rank,
+                step=step,
+                transport="pg",
+                wait_s=first.served,
+                transfer_s=seconds - first.served if first.served is not None else None,
                 **loopback.heal_fields(metadata, seconds, nbytes),
             )
             return sd
@@ -352,8 +381,12 @@ def _timed_ddp(base, phases):
 
 def _finish(writer, manager, model, reason: str, step: int, loop_t0: float, iterations: int) -> None:
     writer.emit(
-        "exit", reason=reason, step=step, weights=weights_checksum(model.state_dict()),
-        loop_seconds=time.perf_counter() - loop_t0, iterations=iterations,
+        "exit",
+        reason=reason,
+        step=step,
+        weights=weights_checksum(model.state_dict()),
+        loop_seconds=time.perf_counter() - loop_t0,
+        iterations=iterations,
     )
     manager.shutdown(wait=False)
     writer.close()

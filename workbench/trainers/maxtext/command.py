@@ -86,9 +86,7 @@ def _format_value(key: str, value: Any) -> str:
         return str(value)
     if isinstance(value, list) and all(isinstance(v, (int, float, str, bool)) for v in value):
         return "[" + ",".join(_format_value(key, v) for v in value) + "]"
-    raise ValueError(
-        f"maxtext.{key}: got {type(value).__name__}; allowed: a string, number, boolean or list of those"
-    )
+    raise ValueError(f"maxtext.{key}: got {type(value).__name__}; allowed: a string, number, boolean or list of those")
 
 
 def check_spec(maxtext: dict, processes: int) -> None:
@@ -105,11 +103,15 @@ def check_spec(maxtext: dict, processes: int) -> None:
     if processes > 1:
         hardware = str(maxtext.get("hardware", "tpu"))
         if hardware not in MULTI_PROCESS_HARDWARE:
-            raise ValueError(f"maxtext.hardware: {hardware!r} cannot run as {processes} processes of one job here; "
-                             f"allowed: {', '.join(MULTI_PROCESS_HARDWARE)}")
+            raise ValueError(
+                f"maxtext.hardware: {hardware!r} cannot run as {processes} processes of one job here; "
+                f"allowed: {', '.join(MULTI_PROCESS_HARDWARE)}"
+            )
         if maxtext.get("skip_jax_distributed_system") is True:
-            raise ValueError(f"maxtext.skip_jax_distributed_system: true leaves the job's {processes} processes "
-                             "as separate programs; allowed: false")
+            raise ValueError(
+                f"maxtext.skip_jax_distributed_system: true leaves the job's {processes} processes "
+                "as separate programs; allowed: false"
+            )
 
 
 @dataclasses.dataclass(frozen=True)
@@ -178,12 +180,21 @@ def distributed_env(hardware: str, layout: JobLayout, address: str, own: str, po
     bind = f"[{address}]" if ":" in address else address
     env = {"JAX_COORDINATOR_BIND_ADDRESS": f"{bind}:{port}", "WORKBENCH_GLOO_HOSTNAME": own}
     if hardware == "cpu":
-        env.update(JAX_COORDINATOR_ADDRESS=address, JOB_INDEX="0", JOB_COMPLETION_INDEX=str(layout.rank),
-                   PROCESSES_IN_JOB=str(layout.processes), JAX_PROCESS_COUNT=str(layout.processes),
-                   WORKBENCH_COORDINATOR_PORT=str(port))
+        env.update(
+            JAX_COORDINATOR_ADDRESS=address,
+            JOB_INDEX="0",
+            JOB_COMPLETION_INDEX=str(layout.rank),
+            PROCESSES_IN_JOB=str(layout.processes),
+            JAX_PROCESS_COUNT=str(layout.processes),
+            WORKBENCH_COORDINATOR_PORT=str(port),
+        )
     elif hardware == "gpu":
-        env.update(JAX_COORDINATOR_IP=address, JAX_COORDINATOR_PORT=str(port),
-                   NNODES=str(layout.processes), NODE_RANK=str(layout.rank))
+        env.update(
+            JAX_COORDINATOR_IP=address,
+            JAX_COORDINATOR_PORT=str(port),
+            NNODES=str(layout.processes),
+            NODE_RANK=str(layout.rank),
+        )
     return env
 
 
@@ -241,8 +252,7 @@ def build_command(ctx: JobContext, layout: Optional[JobLayout] = None) -> tuple[
     python = maxtext_python()
     if not python.exists():
         raise FileNotFoundError(
-            f"MaxText's Python {python} does not exist: run scripts/setup-maxtext.sh "
-            "or set WORKBENCH_MAXTEXT_PYTHON"
+            f"MaxText's Python {python} does not exist: run scripts/setup-maxtext.sh or set WORKBENCH_MAXTEXT_PYTHON"
         )
     env = dict(os.environ)
     env.update(
@@ -258,7 +268,8 @@ def build_command(ctx: JobContext, layout: Optional[JobLayout] = None) -> tuple[
         env.setdefault("JAX_PLATFORMS", "cpu")
     if layout.processes > 1:
         port = coordinator_port(os.environ["SLURM_JOB_ID"]) if os.environ.get("SLURM_JOB_ID") else MAXTEXT_CPU_PORT
-        env.update(distributed_env(overrides.get("hardware", "tpu"), layout, coordinator_address(layout), own_address(),
-                                   port))
+        env.update(
+            distributed_env(overrides.get("hardware", "tpu"), layout, coordinator_address(layout), own_address(), port)
+        )
     argv = [str(python), str(LAUNCHER), *(f"{k}={v}" for k, v in overrides.items())]
     return argv, env

@@ -73,7 +73,13 @@ from workbench.events.log import read_all
 from workbench.trainers.base import JobContext
 from workbench.trainers.kit import on_stop_signals
 from workbench.trainers.maxtext.command import build_command, checkpoint_dir, console_log, job_layout, metrics_file
-from workbench.trainers.maxtext.output import Console, Metrics, checkpoint_facts, durable_checkpoints, leftover_tmp_checkpoints
+from workbench.trainers.maxtext.output import (
+    Console,
+    Metrics,
+    checkpoint_facts,
+    durable_checkpoints,
+    leftover_tmp_checkpoints,
+)
 
 POLL_S = 0.25
 
@@ -104,14 +110,24 @@ def _finite(x: Any) -> Optional[float]:
 def record_late_saves(writer, run_dir, ckpt_dir) -> list[int]:
     """Record (``late=True``) each durable checkpoint in ``ckpt_dir`` that no ``checkpoint`` event of the
     run records: a save committed after the killed attempt's last look. Returns their event steps."""
-    recorded = {e["step"] for e in read_all(run_dir)
-                if e.get("kind") == "checkpoint" and e.get("durable") and isinstance(e.get("step"), int)}
+    recorded = {
+        e["step"]
+        for e in read_all(run_dir)
+        if e.get("kind") == "checkpoint" and e.get("durable") and isinstance(e.get("step"), int)
+    }
     late = []
     for maxtext_step, path in sorted(durable_checkpoints(ckpt_dir).items()):
         if maxtext_step + 1 not in recorded:
             seconds, size = checkpoint_facts(path)
-            writer.emit("checkpoint", step=maxtext_step + 1, path=str(path), seconds=seconds, bytes=size,
-                        durable=True, late=True)
+            writer.emit(
+                "checkpoint",
+                step=maxtext_step + 1,
+                path=str(path),
+                seconds=seconds,
+                bytes=size,
+                durable=True,
+                late=True,
+            )
             late.append(maxtext_step + 1)
     return late
 
@@ -132,8 +148,16 @@ def run(ctx: JobContext) -> None:
         raise
     ckpt_dir = checkpoint_dir(ctx.run_dir, ctx.run_id)
     seen = set(durable_checkpoints(ckpt_dir))
-    writer.emit("start", trainer="maxtext", world_size=layout.processes, role="replica", checkpoint_dir=str(ckpt_dir),
-                coordinator=env.get("JAX_COORDINATOR_BIND_ADDRESS"), nodes=list(layout.nodes), **ctx.placement())
+    writer.emit(
+        "start",
+        trainer="maxtext",
+        world_size=layout.processes,
+        role="replica",
+        checkpoint_dir=str(ckpt_dir),
+        coordinator=env.get("JAX_COORDINATOR_BIND_ADDRESS"),
+        nodes=list(layout.nodes),
+        **ctx.placement(),
+    )
     for name in leftover_tmp_checkpoints(ckpt_dir):
         writer.emit("warning", message=f"half-written checkpoint {name} left by an earlier attempt; not restored")
     if layout.rank == 0:
@@ -144,8 +168,14 @@ def run(ctx: JobContext) -> None:
 
     metrics_file(ctx).parent.mkdir(parents=True, exist_ok=True)
     child = subprocess.Popen(
-        argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True, errors="replace", bufsize=1,
+        argv,
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        errors="replace",
+        bufsize=1,
     )
     writer.emit("phase", phase="launched", maxtext_pid=child.pid, seconds=time.time() - t0)
     console = Console(child.stdout, console_log(ctx), on_restored).start()
@@ -161,17 +191,25 @@ def run(ctx: JobContext) -> None:
             step = int(row["step"]) + 1
             tokens = _finite(row.get("perf/per_device_tokens_per_sec"))
             writer.emit(
-                "step", step=step, loss=_loss(row.get("learning/loss")),
+                "step",
+                step=step,
+                loss=_loss(row.get("learning/loss")),
                 step_time_s=_finite(row.get("perf/step_time_seconds")),
                 tokens_per_s=tokens * console.devices if tokens is not None else None,
-                committed=True, participating=True, participants=1,
+                committed=True,
+                participating=True,
+                participants=1,
             )
             last_step = step if last_step is None else max(last_step, step)
             if not first_step_reported:
                 first_step_reported = True
                 writer.emit(
-                    "phase", phase="first_step", step=step, seconds=time.time() - t0,
-                    compile_cache_hits=console.cache_hits, compile_cache_misses=console.cache_misses,
+                    "phase",
+                    phase="first_step",
+                    step=step,
+                    seconds=time.time() - t0,
+                    compile_cache_hits=console.cache_hits,
+                    compile_cache_misses=console.cache_misses,
                 )
         for maxtext_step, path in sorted(durable_checkpoints(ckpt_dir).items()):
             if maxtext_step in seen:
@@ -180,9 +218,7 @@ def run(ctx: JobContext) -> None:
             if seconds is None:
                 continue  # renamed but not yet committed: look again next poll
             seen.add(maxtext_step)
-            writer.emit(
-                "checkpoint", step=maxtext_step + 1, path=str(path), seconds=seconds, bytes=size, durable=True
-            )
+            writer.emit("checkpoint", step=maxtext_step + 1, path=str(path), seconds=seconds, bytes=size, durable=True)
 
     stop_reported = False
     try:
@@ -214,8 +250,11 @@ def run(ctx: JobContext) -> None:
     saved_step = latest + 1 if latest is not None else None
     reached = max(last_step or 0, saved_step or 0)
     fields = dict(
-        step=reached, saved_step=saved_step, returncode=rc,
-        compile_cache_hits=console.cache_hits, compile_cache_misses=console.cache_misses,
+        step=reached,
+        saved_step=saved_step,
+        returncode=rc,
+        compile_cache_hits=console.cache_hits,
+        compile_cache_misses=console.cache_misses,
     )
     if rc == 0 and reached >= steps:
         writer.emit("exit", reason="completed", **fields)

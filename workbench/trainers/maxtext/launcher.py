@@ -26,9 +26,11 @@ if os.getppid() != int(os.environ["WORKBENCH_WRAPPER_PID"]):
 import jax
 from jax import monitoring
 
+
 def _on_event(name, **_):
     if name in ("/jax/compilation_cache/cache_hits", "/jax/compilation_cache/cache_misses"):
         print("WORKBENCH " + json.dumps({"compile_cache": name.rsplit("_", 1)[-1]}), flush=True)
+
 
 monitoring.register_event_listener(_on_event)
 if os.environ.get("WORKBENCH_COORDINATOR_PORT"):
@@ -41,14 +43,16 @@ if os.environ.get("WORKBENCH_COORDINATOR_PORT"):
 
     jax.distributed.initialize = _initialize_on_job_port
 if os.environ.get("WORKBENCH_GLOO_HOSTNAME"):
-    from jax._src import config as jax_config, distributed, xla_bridge
+    from jax._src import config as jax_config
+    from jax._src import distributed, xla_bridge
     from jax._src.lib import _jax
 
     def _cpu_client():
         collectives = None
         if distributed.global_state.client is not None and jax_config.cpu_collectives_implementation.value == "gloo":
-            collectives = _jax.make_gloo_tcp_collectives(distributed_client=distributed.global_state.client,
-                                                         hostname=os.environ["WORKBENCH_GLOO_HOSTNAME"])
+            collectives = _jax.make_gloo_tcp_collectives(
+                distributed_client=distributed.global_state.client, hostname=os.environ["WORKBENCH_GLOO_HOSTNAME"]
+            )
         return xla_bridge.make_cpu_client(collectives)
 
     xla_bridge.register_backend_factory("cpu", _cpu_client, priority=0, fail_quietly=False)
@@ -56,6 +60,10 @@ if os.environ.get("WORKBENCH_LOCAL_COORDINATOR") == "1":
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    jax.distributed.initialize(coordinator_address=f"127.0.0.1:{port}", num_processes=1, process_id=0,
-                               coordinator_bind_address=f"127.0.0.1:{port}")
+    jax.distributed.initialize(
+        coordinator_address=f"127.0.0.1:{port}",
+        num_processes=1,
+        process_id=0,
+        coordinator_bind_address=f"127.0.0.1:{port}",
+    )
 runpy.run_module(os.environ["WORKBENCH_MAXTEXT_MODULE"], run_name="__main__", alter_sys=True)

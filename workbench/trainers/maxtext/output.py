@@ -69,7 +69,7 @@ class Console:
         self.tail.append(line)
         if line.startswith(_MARKER):
             try:
-                fact = json.loads(line[len(_MARKER):])
+                fact = json.loads(line[len(_MARKER) :])
             except ValueError:
                 return
             if fact.get("compile_cache") == "hits":

@@ -27,7 +27,6 @@ from datetime import timedelta
 
 import torch
 
-
 KERNELS_MODULE = "torchtitan.distributed.minimal_async_ep.kernels"
 
 
@@ -119,7 +118,6 @@ def flex_attention_no_backward_on_cpu() -> None:
     """
     import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
-
     from torchtitan.models.common import attention
     from torchtitan.models.common.attention import FlexAttention
 
@@ -129,12 +127,32 @@ def flex_attention_no_backward_on_cpu() -> None:
         return
     original = FlexAttention.forward
 
-    def forward(self, q_BLNH, k_BLNH, v_BLNH, *, attention_masks, score_mod=None, scale=None,
-                enable_gqa=False, out_transform=None, **kwargs):
+    def forward(
+        self,
+        q_BLNH,
+        k_BLNH,
+        v_BLNH,
+        *,
+        attention_masks,
+        score_mod=None,
+        scale=None,
+        enable_gqa=False,
+        out_transform=None,
+        **kwargs,
+    ):
         if q_BLNH.device.type != "cpu":
-            return original(self, q_BLNH, k_BLNH, v_BLNH, attention_masks=attention_masks,
-                            score_mod=score_mod, scale=scale, enable_gqa=enable_gqa,
-                            out_transform=out_transform, **kwargs)
+            return original(
+                self,
+                q_BLNH,
+                k_BLNH,
+                v_BLNH,
+                attention_masks=attention_masks,
+                score_mod=score_mod,
+                scale=scale,
+                enable_gqa=enable_gqa,
+                out_transform=out_transform,
+                **kwargs,
+            )
         if score_mod is not None or out_transform is not None:
             raise NotImplementedError("the CPU attention fallback supports mask_mod only")
         q, k, v = (t.transpose(1, 2) for t in (q_BLNH, k_BLNH, v_BLNH))
@@ -158,7 +176,6 @@ def barrier_device_ids_and_set_timeout() -> None:
     """
     import torch.distributed as dist
     from torch.distributed.distributed_c10d import _set_pg_timeout
-
     from torchtitan.distributed import utils as dist_utils
 
     def set_pg_timeouts(timeout: timedelta, parallel_dims) -> None:
@@ -179,7 +196,6 @@ def cannot_use_premul_sum_with_gloo() -> None:
     ``SUM`` for FSDP's collectives is exact here, as the factor is 1.
     """
     from torch.distributed.fsdp import FSDPModule
-
     from torchtitan.distributed import fsdp
 
     if getattr(fsdp.disable_fsdp_gradient_division, "_workbench_cpu", False):

@@ -59,10 +59,10 @@ import tomllib
 from pathlib import Path
 from typing import Any, Optional
 
+from workbench.paths import CHECKOUT, CONFIG_DIR
 from workbench.trainers.base import JobContext
 from workbench.trainers.kit import die_with_parent, hold_stop_signals, on_stop_signals, signal_pid
 
-from workbench.paths import CHECKOUT, CONFIG_DIR
 RANK_MODULE = "workbench.trainers.titan.rank"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
 
@@ -151,12 +151,14 @@ def ft_overrides(spec: dict) -> dict:
         "fault_tolerance.sync_steps": ft["sync_every"],
     }
     if algorithm != "localsgd":
-        out.update({
-            "fault_tolerance.num_fragments": ft["fragments"],
-            "fault_tolerance.fragment_sync_delay": ft["fragment_sync_delay"],
-            "fault_tolerance.fragment_update_alpha": ft["fragment_update_alpha"],
-            "fault_tolerance.should_quantize": ft["quantize"],
-        })
+        out.update(
+            {
+                "fault_tolerance.num_fragments": ft["fragments"],
+                "fault_tolerance.fragment_sync_delay": ft["fragment_sync_delay"],
+                "fault_tolerance.fragment_update_alpha": ft["fragment_update_alpha"],
+                "fault_tolerance.should_quantize": ft["quantize"],
+            }
+        )
     return out
 
 
@@ -189,10 +191,19 @@ def run(ctx: JobContext) -> None:
     else:
         from workbench.events.log import EventWriter
 
-        writer = EventWriter(ctx.run_dir, f"{ctx.writer_name}.task-{task}", run=ctx.run_id,
-                             replica=ctx.replica, attempt=ctx.attempt)
-    writer.emit("start", trainer="titan", role="replica" if task == 0 else "task", task=task, tasks=ntasks,
-                world_size=nproc * ntasks, address=host, **ctx.placement())
+        writer = EventWriter(
+            ctx.run_dir, f"{ctx.writer_name}.task-{task}", run=ctx.run_id, replica=ctx.replica, attempt=ctx.attempt
+        )
+    writer.emit(
+        "start",
+        trainer="titan",
+        role="replica" if task == 0 else "task",
+        task=task,
+        tasks=ntasks,
+        world_size=nproc * ntasks,
+        address=host,
+        **ctx.placement(),
+    )
     ranks: list[subprocess.Popen] = []
     stop = _StopForwarder(ranks)
     restore = on_stop_signals(stop.handle)
@@ -231,8 +242,16 @@ def _rendezvous(ctx: JobContext, host: str, task: int, timeout_s: float = 120.0)
     return None, found["addr"], int(found["port"])
 
 
-def _run_ranks(ctx: JobContext, nproc: int, writer, ranks: list[subprocess.Popen], stop: "_StopForwarder",
-               host: str, task: int, ntasks: int) -> None:
+def _run_ranks(
+    ctx: JobContext,
+    nproc: int,
+    writer,
+    ranks: list[subprocess.Popen],
+    stop: "_StopForwarder",
+    host: str,
+    task: int,
+    ntasks: int,
+) -> None:
     from workbench.trainers import loopback
     from workbench.trainers.titan.assets import ensure_assets
 
@@ -249,11 +268,14 @@ def _run_ranks(ctx: JobContext, nproc: int, writer, ranks: list[subprocess.Popen
     env = rank_env(ctx, nproc, port, master=master, host=host, task=task, ntasks=ntasks)
     for local in range(nproc):
         rank = task * nproc + local
-        ranks.append(subprocess.Popen(
-            [sys.executable, "-m", RANK_MODULE, *argv],
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(local), "ROLE_RANK": str(rank)},
-            stdin=subprocess.DEVNULL, preexec_fn=functools.partial(_rank_preexec, os.getpid()),
-        ))
+        ranks.append(
+            subprocess.Popen(
+                [sys.executable, "-m", RANK_MODULE, *argv],
+                env={**env, "RANK": str(rank), "LOCAL_RANK": str(local), "ROLE_RANK": str(rank)},
+                stdin=subprocess.DEVNULL,
+                preexec_fn=functools.partial(_rank_preexec, os.getpid()),
+            )
+        )
     if stop.signum is not None:
         stop.forward()  # it came while the ranks were being started
     failed = _wait_all(ranks)
@@ -263,8 +285,15 @@ def _run_ranks(ctx: JobContext, nproc: int, writer, ranks: list[subprocess.Popen
         raise RuntimeError(f"titan replica {ctx.replica}: {error}")
 
 
-def rank_env(ctx: JobContext, nproc: int, store_port: int, master: str = "127.0.0.1", host: str = "127.0.0.1",
-             task: int = 0, ntasks: int = 1) -> dict[str, str]:
+def rank_env(
+    ctx: JobContext,
+    nproc: int,
+    store_port: int,
+    master: str = "127.0.0.1",
+    host: str = "127.0.0.1",
+    task: int = 0,
+    ntasks: int = 1,
+) -> dict[str, str]:
     """The environment every rank of the group's task shares (``RANK`` and friends are added per rank)."""
     import torch
 

@@ -84,8 +84,8 @@ from typing import Any, Optional
 
 from workbench.events.log import EventWriter
 from workbench.run.rundir import dir_bytes
-from workbench.trainers.torchft.group_stop import GroupStop
 from workbench.trainers.kit import Heartbeat, StopRequest, release_stop_signals, state_bytes, weights_checksum
+from workbench.trainers.torchft.group_stop import GroupStop
 from workbench.trainers.torchft.logs import TorchftLogHandler
 
 
@@ -132,8 +132,10 @@ def load_local_model_state(modules, state: dict) -> None:
 
     mine = local_model_state(modules)
     if mine.keys() != state.keys():
-        raise ValueError(f"healed model state has other tensors: missing {sorted(mine.keys() - state.keys())[:3]}, "
-                         f"extra {sorted(state.keys() - mine.keys())[:3]}")
+        raise ValueError(
+            f"healed model state has other tensors: missing {sorted(mine.keys() - state.keys())[:3]}, "
+            f"extra {sorted(state.keys() - mine.keys())[:3]}"
+        )
     bad = [k for k, t in mine.items() if tuple(t.shape) != tuple(state[k].shape)]
     if bad:
         raise ValueError(f"healed model state: shard shapes differ for {bad[:3]} (another sharding?)")
@@ -162,8 +164,10 @@ class RankLocalState:
         return self.states[self.model_key].model
 
     def state_dict(self) -> dict:
-        return {k: local_model_state(self.modules()) if k == self.model_key else self.states[k].state_dict()
-                for k in self.keys}
+        return {
+            k: local_model_state(self.modules()) if k == self.model_key else self.states[k].state_dict()
+            for k in self.keys
+        }
 
     def load_state_dict(self, state: dict) -> None:
         for k, v in state.items():
@@ -202,8 +206,13 @@ class TitanEvents:
     runs on every rank.
     """
 
-    def __init__(self, writer: Optional[EventWriter], heartbeat_s: float = 1.0, checksum_every: int = 10,
-                 group_stop: Optional[GroupStop] = None) -> None:
+    def __init__(
+        self,
+        writer: Optional[EventWriter],
+        heartbeat_s: float = 1.0,
+        checksum_every: int = 10,
+        group_stop: Optional[GroupStop] = None,
+    ) -> None:
         self.writer = writer
         self.group_stop = group_stop
         self.heartbeat_s = heartbeat_s
@@ -228,8 +237,10 @@ class TitanEvents:
 
         hooks = self
         init, train_step, fwd_bwd, should_continue = (
-            FaultTolerantTrainer.__init__, FaultTolerantTrainer.train_step,
-            FaultTolerantTrainer.forward_backward_step, FaultTolerantTrainer.should_continue_training,
+            FaultTolerantTrainer.__init__,
+            FaultTolerantTrainer.train_step,
+            FaultTolerantTrainer.forward_backward_step,
+            FaultTolerantTrainer.should_continue_training,
         )
         log_metrics, save = MetricsProcessor.log, TorchFTCheckpointManager._save
 
@@ -267,8 +278,14 @@ class TitanEvents:
             saved = save(checkpointer, curr_step, last_step)
             if saved:
                 path = checkpointer._create_checkpoint_id(curr_step)
-                hooks.emit("checkpoint", step=curr_step, path=path, seconds=time.perf_counter() - t0,
-                           bytes=dir_bytes(path), durable=True)
+                hooks.emit(
+                    "checkpoint",
+                    step=curr_step,
+                    path=path,
+                    seconds=time.perf_counter() - t0,
+                    bytes=dir_bytes(path),
+                    durable=True,
+                )
             return saved
 
         FaultTolerantTrainer.__init__ = __init__
@@ -299,17 +316,25 @@ class TitanEvents:
             from workbench.trainers.loopback import heal_fields
 
             nbytes = state_bytes(state)
-            hooks._heal = dict(seconds=seconds, bytes=nbytes, from_address=metadata,
-                               from_rank=src_rank, step=step, **heal_fields(metadata, seconds, nbytes),
-                               weights=weights_checksum(model) if model is not None else None)
+            hooks._heal = dict(
+                seconds=seconds,
+                bytes=nbytes,
+                from_address=metadata,
+                from_rank=src_rank,
+                step=step,
+                **heal_fields(metadata, seconds, nbytes),
+                weights=weights_checksum(model) if model is not None else None,
+            )
             return state
 
         def should_commit_hook(*args, **kwargs):
             committed = should_commit(*args, **kwargs)
             record = hooks._log.take_commit() if hooks._log is not None else None  # the vote, as torchft logged it
             hooks._step_state.update(
-                committed=bool(committed), participating=bool(manager.is_participating()),
-                participants=manager.num_participants(), quorum_id=record["quorum_id"] if record else None,
+                committed=bool(committed),
+                participating=bool(manager.is_participating()),
+                participants=manager.num_participants(),
+                quorum_id=record["quorum_id"] if record else None,
             )
             if not committed:
                 trainer.step -= 1  # torchtitan counts iterations; retry this step's number
@@ -326,8 +351,9 @@ class TitanEvents:
             self._log = TorchftLogHandler(self.writer).install()
             self._heartbeat = Heartbeat(self.writer, self.heartbeat_s)
             self._heartbeat.start()
-        self.emit("phase", phase="manager_ready", seconds=time.time() - self.t_start,
-                  checkpoint_address=transport.metadata())
+        self.emit(
+            "phase", phase="manager_ready", seconds=time.time() - self.t_start, checkpoint_address=transport.metadata()
+        )
 
     def _quorum_then_heal(self) -> None:
         manager = self.manager
@@ -340,9 +366,14 @@ class TitanEvents:
             self._step_state["healed"] = True
             weights = self._weights()
             failed = manager.errored()
-            self.emit("heal", **self._heal, apply_seconds=time.perf_counter() - t0,
-                      titan_step=self.trainer.step, forward_weights=weights,
-                      **({"error": str(getattr(failed, "original_exception", failed))} if failed else {}))
+            self.emit(
+                "heal",
+                **self._heal,
+                apply_seconds=time.perf_counter() - t0,
+                titan_step=self.trainer.step,
+                forward_weights=weights,
+                **({"error": str(getattr(failed, "original_exception", failed))} if failed else {}),
+            )
             self._heal = {}
 
     def _sync_lr_to_scheduler(self) -> None:
@@ -368,11 +399,21 @@ class TitanEvents:
         if s.get("committed") and step % self.checksum_every == 0:
             s["weights"] = self._weights()
         self.emit(
-            "step", step=step, loss=s.get("loss", s.get("local_loss")), local_loss=s.get("local_loss"),
-            committed=s.get("committed", False), participating=s.get("participating", False),
-            participants=s.get("participants"), quorum_id=s.get("quorum_id"), healed=s.get("healed", False),
-            step_time_s=dt, tokens_per_s=tokens / dt if dt else None, mem_gb=_peak_mem_gb(),
-            titan_step=trainer.step, grad_norm=s.get("grad_norm"), weights=s.get("weights"),
+            "step",
+            step=step,
+            loss=s.get("loss", s.get("local_loss")),
+            local_loss=s.get("local_loss"),
+            committed=s.get("committed", False),
+            participating=s.get("participating", False),
+            participants=s.get("participants"),
+            quorum_id=s.get("quorum_id"),
+            healed=s.get("healed", False),
+            step_time_s=dt,
+            tokens_per_s=tokens / dt if dt else None,
+            mem_gb=_peak_mem_gb(),
+            titan_step=trainer.step,
+            grad_norm=s.get("grad_norm"),
+            weights=s.get("weights"),
         )
 
     def _stop(self) -> None:
@@ -388,8 +429,9 @@ class TitanEvents:
         checkpointer.maybe_wait_for_saving()
         if self._heartbeat is not None:
             self._heartbeat.stop()
-        self.emit("exit", reason=self.group_stop.reason or "preempted", step=manager.current_step(),
-                  titan_step=trainer.step)
+        self.emit(
+            "exit", reason=self.group_stop.reason or "preempted", step=manager.current_step(), titan_step=trainer.step
+        )
         if self.writer is not None:
             self.writer.close()
         _leave()
@@ -401,8 +443,12 @@ class TitanEvents:
         target = trainer.config.training.steps if trainer is not None else None
         done = trainer is not None and trainer.step >= target
         step = manager.current_step() if manager is not None else None
-        self.emit("exit", reason="completed" if done else "error", step=step,
-                  **({} if done else {"error": "torchtitan returned before the target step"}))
+        self.emit(
+            "exit",
+            reason="completed" if done else "error",
+            step=step,
+            **({} if done else {"error": "torchtitan returned before the target step"}),
+        )
         if self.writer is not None:
             self.writer.close()
 
@@ -424,11 +470,19 @@ def rank_main(argv: list[str]) -> None:
     writer = None
     if rank == 0 and os.environ.get("WORKBENCH_RUN_DIR"):
         replica, attempt = int(os.environ["WORKBENCH_REPLICA"]), int(os.environ["WORKBENCH_ATTEMPT"])
-        writer = EventWriter(os.environ["WORKBENCH_RUN_DIR"], rank_writer_name(replica, attempt, rank),
-                             run=os.environ.get("WORKBENCH_RUN_ID"), replica=replica, attempt=attempt)
-    hooks = TitanEvents(writer, float(os.environ.get("WORKBENCH_HEARTBEAT_S", "1.0")),
-                        int(os.environ.get("WORKBENCH_CHECKSUM_EVERY", "10")),
-                        group_stop=GroupStop(stop, rank, world_size))
+        writer = EventWriter(
+            os.environ["WORKBENCH_RUN_DIR"],
+            rank_writer_name(replica, attempt, rank),
+            run=os.environ.get("WORKBENCH_RUN_ID"),
+            replica=replica,
+            attempt=attempt,
+        )
+    hooks = TitanEvents(
+        writer,
+        float(os.environ.get("WORKBENCH_HEARTBEAT_S", "1.0")),
+        int(os.environ.get("WORKBENCH_CHECKSUM_EVERY", "10")),
+        group_stop=GroupStop(stop, rank, world_size),
+    )
     hooks.t_start = t0
     from torchtitan import train
 

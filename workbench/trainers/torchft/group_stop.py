@@ -38,8 +38,9 @@ class GroupStop:
     a group of one rank never calls it.
     """
 
-    def __init__(self, request: StopRequest, rank: int, world_size: int,
-                 store: Optional[Callable[[], object]] = None) -> None:
+    def __init__(
+        self, request: StopRequest, rank: int, world_size: int, store: Optional[Callable[[], object]] = None
+    ) -> None:
         self.request, self.rank, self.world_size = request, rank, world_size
         self._store_factory = store or job_store
         self._store = None
@@ -74,5 +75,6 @@ def job_store():
     """A client of the TCPStore the job hosts for its ranks (``MASTER_ADDR``/``MASTER_PORT``)."""
     import torch.distributed as dist
 
-    return dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-                         wait_for_workers=False)
+    return dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, wait_for_workers=False
+    )
