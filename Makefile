@@ -9,7 +9,7 @@ TORCH_INDEX ?=
 STAMP  := $(VENV)/.installed
 PYTEST_ARGS ?=
 
-.PHONY: demo test env lab classroom classroom-run bench-classroom bench soak clean maxtext-env slurm-pkgs browser-env prometheus-pkg check-test
+.PHONY: demo test check env lab classroom classroom-run bench-classroom bench soak clean maxtext-env slurm-pkgs browser-env prometheus-pkg check-test
 
 # The install steps run apt-get and pip into shared places: never two at once, even under `make -j`.
 .NOTPARALLEL:
@@ -48,8 +48,16 @@ demo: $(STAMP)
 check-test:
 	@PYTHON="$(PYTHON)" bash scripts/check-setup.sh test
 
-test: check-test $(STAMP) maxtext-env slurm-pkgs browser-env prometheus-pkg
+test: check-test $(STAMP) check maxtext-env slurm-pkgs browser-env prometheus-pkg
 	$(PY) -m pytest $(PYTEST_ARGS)
+
+# The shape the code must keep, each by its tool (pyproject.toml holds their settings): ruff's lint and
+# format, the import contracts (the data flow points one way), mypy on the core packages.
+check: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+	$(VENV)/bin/lint-imports
+	$(VENV)/bin/mypy
 
 # JupyterLab on the notebooks, loopback only; it prints the URL with its token. No news or update
 # pop-ups: browser-env writes fetchNews/checkForUpdates off into the venv's overrides.json, and the
