@@ -7,8 +7,8 @@ import workbench as wb
 from workbench.paths import CONFIG_DIR
 from workbench.spec import schedule
 from workbench.spec.load import load_spec
-from workbench.spec.models import ChaosSpec
 from workbench.spec.preflight import preflight
+from workbench.spec.sections import ChaosSpec
 
 
 def test_same_seed_same_fault_times_different_seed_different():

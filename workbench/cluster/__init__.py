@@ -1,35 +1,26 @@
 """Where jobs run: a registry of backends, each a :class:`Cluster`.
 
-``BACKENDS`` maps the spec's ``cluster`` value to the class that implements
-it, as ``"module:Class"`` so that a backend's dependencies are imported only
-when a run uses it. Adding a backend is one entry here and one module that
-subclasses :class:`~workbench.cluster.base.Cluster`; nothing outside this
-package asks which backend a run uses.
+``BACKENDS`` (in ``backends.py``, which imports nothing from the package, so
+the spec reads it too) maps the spec's ``cluster`` value to the class that
+implements it, as ``"module:Class"`` so that a backend's dependencies are
+imported only when a run uses it. Adding a backend is one entry there and one
+module that subclasses :class:`~workbench.cluster.base.Cluster`; nothing
+outside this package asks which backend a run uses.
 """
 
 from __future__ import annotations
 
-import importlib
 from pathlib import Path
 
+from workbench.cluster import backends
+from workbench.cluster.backends import BACKENDS, backend_names
 from workbench.cluster.base import Cluster
 from workbench.errors import FaultError
 
-BACKENDS: dict[str, str] = {
-    "local": "workbench.cluster.local.backend:LocalCluster",
-    "slurm": "workbench.cluster.slurm.backend:SlurmCluster",
-}
-
-
-def backend_names() -> tuple[str, ...]:
-    return tuple(BACKENDS)
-
 
 def backend_class(name: str) -> type[Cluster]:
-    if name not in BACKENDS:
-        raise ValueError(f"cluster: unknown backend {name!r}; allowed: {', '.join(BACKENDS)}")
-    module, _, cls = BACKENDS[name].partition(":")
-    return getattr(importlib.import_module(module), cls)
+    """The class that implements backend ``name``; ValueError naming the allowed ones."""
+    return backends.backend_class(name)
 
 
 def make_cluster(spec, run_dir: Path) -> Cluster:

@@ -1,1 +1,2 @@
-"""The experiment spec: its models, the rules between fields, loading a config, preflight, the drawn fault schedule."""
+"""The experiment spec: its sections, the whole Spec and the rules between sections, loading a config, preflight,
+the drawn fault schedule."""

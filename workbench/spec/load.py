@@ -5,7 +5,7 @@ strings (dotted keys reach into sections: ``lighthouse.heartbeat_timeout_ms=500`
 or a dict. Values in ``key=value`` are parsed as YAML scalars, so ``replicas=3``
 is an int and ``relaunch=off`` a string. YAML is loaded safely (no object
 construction), with aliases, size and nesting depth capped; every failure is
-one :class:`~workbench.spec.models.SpecError` naming the field.
+one :class:`~workbench.errors.SpecError` naming the field.
 """
 
 from __future__ import annotations

@@ -1,268 +1,64 @@
 """The experiment spec: what to run, validated before anything starts.
 
-The models: pydantic with ``extra="forbid"`` everywhere, every choice read
-from its table (trainers from ``trainers.registry``, backends from
-``cluster.BACKENDS``, fault kinds from ``faultkinds``). ``spec_load`` builds a
+:class:`Spec` is the whole experiment: the common fields and one section each
+(:mod:`.sections`), pydantic with ``extra="forbid"`` everywhere. Its validator
+applies the rules between sections, every choice read from its table instead
+of comparing names: trainers and what each implements from
+``trainers.registry``, backends and what each guarantees from
+``cluster.backends``, fault kinds from ``faults.kinds``. ``spec.load`` builds a
 Spec from a YAML file plus overrides and turns every validation failure into
 one :class:`SpecError` whose message names each bad field and what it allows;
-``preflight`` holds the checks that need the world (a writable run root).
+``spec.preflight`` holds the checks that need the world (a writable run root).
 """
 
 from __future__ import annotations
 
 import ipaddress
 import os
-import re
-from typing import Any, Literal, Optional
+from typing import TYPE_CHECKING, Any, Literal, Optional
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from workbench.faults import kinds as faultkinds
+from workbench.spec.sections import (
+    DILOCO_FAMILY,
+    ChaosSpec,
+    CheckpointSpec,
+    FaultSpec,
+    FtSpec,
+    HangSpec,
+    LighthouseSpec,
+    ModelSpec,
+    Section,
+    SlurmSpec,
+    TorchftSpec,
+)
 from workbench.trainers.registry import trainer_kind, trainer_names
 
 TRAINERS = trainer_names()
+if TYPE_CHECKING:
+    TrainerName = str  # the names come from the registry at run time: a type checker sees a str
+else:
+    TrainerName = Literal[TRAINERS]
 
 
-class _Section(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+def _backend_names() -> tuple[str, ...]:
+    """The spec's ``cluster`` values; imported when first needed, as the backend classes are: importing the
+    cluster package imports submitit."""
+    from workbench.cluster.backends import backend_names
+
+    return backend_names()
 
 
-class LighthouseSpec(_Section):
-    """torchft's lighthouse: decides quorums from heartbeats.
+def _backend_class(name: str) -> Any:
+    """The class of backend ``name``, for the facts it states as class attributes (``Cluster.loopback_only``)."""
+    from workbench.cluster.backends import backend_class
 
-    ``heartbeat_timeout_ms`` is how long a dead replica group holds survivors
-    up: 1000 ms instead of torchft's 5000 ms default. The run controller
-    restarts a lighthouse that died, on the same address, after
-    ``restart_delay_s`` (non-zero to study an outage). On a backend whose runs
-    listen on loopback only (``local``), ``bind_host`` must be a loopback
-    address unless ``allow_non_loopback`` says otherwise: the lighthouse
-    would take quorum requests from the network.
-    """
-
-    heartbeat_timeout_ms: int = Field(1000, ge=50, le=600_000)
-    join_timeout_ms: int = Field(1000, ge=0, le=3_600_000)
-    quorum_tick_ms: int = Field(100, ge=10, le=10_000)
-    bind_host: str = "127.0.0.1"
-    port: Optional[int] = Field(None, ge=1, le=65535)
-    restart_delay_s: float = Field(0.0, ge=0, le=3600)
-    allow_non_loopback: bool = False
-
-
-class TorchftSpec(_Section):
-    """Timeouts of each replica group's torchft Manager and process group.
-
-    ``pg_timeout_ms`` bounds how long a survivor's collective can wait on a dead
-    peer. A killed peer's socket resets at once, but only for its ring
-    neighbours; a survivor waiting on a peer that itself failed only learns from
-    this timeout (measured: 2.0 s stall with a 2 s timeout), unless that peer
-    drops its failed process group (``drop_failed_pg``). It defaults to the
-    lighthouse heartbeat timeout, which bounds the stall anyway: the new quorum
-    cannot form sooner.
-
-    ``drop_failed_pg`` (torchft-lite): a group whose collective failed destroys
-    its process group at once, which fails the collective for the groups still
-    waiting in it, instead of keeping it until the next quorum
-    (``trainers/collective_failure.py``). False: torchft as it is.
-
-    ``pg_timeout_only`` (torchft-lite): a collective's one timeout is its process group's.
-    torchft's Manager also arms a timer of ``timeout_s`` on every collective's future, on a
-    thread it wakes twice a step; where that timer is the longer one it cannot fire first, and
-    it is skipped (``trainers/collective_failure.py``). False: torchft's timer on every future.
-
-    ``tokio_worker_threads`` (torchft-lite): worker threads of each tokio runtime torchft's
-    Manager starts in a group (its manager server and its client), through tokio's own
-    ``TOKIO_WORKER_THREADS``. Tokio's default is one per core: on this 2-core machine that is
-    4 threads per group, woken by every quorum and commit vote, for a group of one rank whose
-    requests come one at a time. 1 measured faster in every pair (3 groups, fault-free,
-    20 s windows, load 1.3-3.1): samples/s +15, +10 and +5 %, CPU per group-step -15, -10
-    and -4 %; against plain DDP 4.0 % fewer samples/s (median) instead of 9.7 %. None: tokio's default.
-
-    ``local_commit_vote`` (torchft-lite): the group has one rank, so torchft's commit vote,
-    a gRPC round trip to the group's own ManagerServer, is answered in process with the
-    same result (``trainers/commit_vote.py``). False: torchft's round trip.
-
-    ``lean_ddp_hook`` (torchft-lite): torchft's DDP gradient hook waits for the all-reduce
-    inside the hook; the workbench's does the same with the same outcomes, without the lazy
-    future chain torchft builds and runs on the finished result (``trainers/ddp_hook.py``).
-    False: torchft's hook.
-
-    ``rust_log``: the level of torchft's Rust logging (its ``RUST_LOG``, read once when
-    ``torchft`` is imported) in the run's lighthouse and in every process of every group.
-    At torchft's default, ``info``, each quorum is four lines on a group's stderr, one of
-    them the whole quorum (1.6 KB a step per group, measured), and seven in the lighthouse's
-    log (2.4 MB in 20 s with 3 groups), formatted and written on the tokio threads that carry
-    the quorum. Measured, 3 groups: the lighthouse's CPU per group-step 0.14 ms at ``warn``
-    against 0.23-0.26 ms at ``info``, the groups' manager runtimes 0.24 against 0.30-0.34 ms.
-    ``warn`` keeps torchft's warnings and errors; what the info lines said is in the event log
-    (``quorum``, ``commit``, ``heal`` events, with ``structured_logs``).
-    """
-
-    pg_timeout_ms: Optional[int] = Field(None, ge=100, le=3_600_000)
-    timeout_s: float = Field(30.0, gt=0, le=3600)
-    quorum_timeout_s: float = Field(60.0, gt=0, le=36_000)
-    quorum_retries: int = Field(20, ge=0, le=1000)
-    heartbeat_interval_ms: int = Field(100, ge=10, le=10_000)
-    tokio_worker_threads: Optional[int] = Field(1, ge=1, le=1024)
-    local_commit_vote: bool = True  # torchft-lite: the one-rank group's vote in process (trainers/commit_vote.py)
-    lean_ddp_hook: bool = True  # torchft-lite: the gradient hook without torchft's future chain (trainers/ddp_hook.py)
-    drop_failed_pg: bool = True  # torchft-lite: destroy a failed process group at once (trainers/collective_failure.py)
-    pg_timeout_only: bool = True  # torchft-lite: no Manager timer on a collective the process group times out first
-    use_async_quorum: bool = True
-    rust_log: Literal["error", "warn", "info", "debug", "trace"] = "warn"
-    structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
-    step_timing: bool = False  # torchft-lite: per-phase seconds (t_<phase>_s) in each step event (bench/stepcost.py)
-    # torchft-lite heal: "pg" = torchft's PGTransport over the group's gloo process group, received in place
-    # into the model and AdamW state; "http" = torchft's HTTPTransport (``http_chunks`` > 0: chunked, in parallel).
-    # bench/heal.py measures both.
-    checkpoint_transport: Literal["pg", "http"] = "pg"
-    http_chunks: int = Field(0, ge=0, le=64)
-
-
-ALGORITHMS = ("ddp", "localsgd", "diloco", "streaming_diloco")
-DILOCO_FAMILY = ("diloco", "streaming_diloco")
-TITAN_SEMI_SYNC = {"localsgd": "local_sgd", "diloco": "diloco", "streaming_diloco": "diloco"}
-"""``ft.algorithm`` → TorchTitan's ``fault_tolerance.semi_sync_method`` (its ``maybe_semi_sync_training`` knows
-these two; streaming DiLoCo is its ``diloco`` with ``num_fragments`` > 1)."""
-TITAN_OUTER = {"outer_lr": 0.7, "outer_momentum": 0.9, "outer_nesterov": True}
-"""TorchTitan builds DiLoCo's outer optimizer itself, with these values (``SGD(lr=0.7, momentum=0.9, nesterov=True)``)."""
-
-
-class FtSpec(_Section):
-    """How replica groups synchronise: torchft's per-step DDP or one of its semi-synchronous algorithms.
-
-    ``ddp``: gradients all-reduced every step (torchft ``DistributedDataParallel``).
-    ``localsgd``: torchft ``LocalSGD``, parameters averaged every ``sync_every`` inner steps.
-    ``diloco``: torchft ``DiLoCo``, pseudo-gradients averaged every ``sync_every`` inner
-    steps and applied by an outer SGD (``outer_lr``, ``outer_momentum``, ``outer_nesterov``).
-    ``streaming_diloco``: ``DiLoCo`` over ``fragments`` model fragments, one synced every
-    ``sync_every / fragments`` inner steps, its all-reduce overlapping ``fragment_sync_delay``
-    inner steps, the result mixed into the local weights by ``fragment_update_alpha``.
-    ``quantize``: torchft's quantized all-reduce of the pseudo-gradients (Triton on CUDA only;
-    torchft falls back to a plain all-reduce silently elsewhere, so the spec refuses it there).
-    ``catch_up`` (torchft-lite): a group whose inner step stalled for longer than the lighthouse's
-    ``heartbeat_timeout_ms`` (it was frozen) ends its window at its next inner step instead of
-    finishing it (see ``trainers/semi_sync.py``, "Catching up"). Off by default: the algorithms
-    run as torchft implements them, with a fixed ``sync_every``.
-    ``bucket_cap_mb`` (torchft-lite, diloco family): torchft's bucketized all-reduce of the
-    pseudo-gradients (``use_bucketization``: this torchft only reads ``bucket_cap_mb`` with it),
-    packed into flat buffers of at most this many MB, instead of one all-reduce per parameter
-    tensor (torchft's default, kept when unset). Each all-reduce is a ring through every group,
-    so its latency grows with the groups, not the bytes: plain gloo here, 16 processes, the
-    classroom model's 0.5 MB as 30 tensors 1.31 s, as one 0.07 s; in the classroom's syncs,
-    last group in to first group out 1.0-1.27 s per tensor against 0.08-0.12 s bucketized.
-
-    A semi-synchronous run's groups meet only at syncs: the lighthouse's
-    ``join_timeout_ms`` is how long a group at a sync waits for a peer that is
-    alive but not there yet (a replacement, a straggler). Unless set, it is
-    raised to 30 s for these algorithms (torchft's own default is 60 s): with
-    1 s a replacement asking to join between syncs would form a quorum alone
-    and never meet its peers.
-    """
-
-    algorithm: Literal[ALGORITHMS] = "ddp"
-    sync_every: int = Field(10, ge=1, le=1_000_000)
-    fragments: int = Field(1, ge=1, le=1024)
-    fragment_sync_delay: int = Field(0, ge=0, le=1_000_000)
-    fragment_update_alpha: float = Field(0.0, ge=0.0, le=1.0)
-    outer_lr: float = Field(0.7, gt=0, le=100)
-    outer_momentum: float = Field(0.9, ge=0, lt=1)
-    outer_nesterov: bool = True
-    quantize: bool = False
-    catch_up: bool = False
-    bucket_cap_mb: Optional[float] = Field(None, gt=0, le=65536)
-
-    @model_validator(mode="after")
-    def _rules(self) -> "FtSpec":
-        """Value-based (a resolved spec, every field written out, validates the same)."""
-        algo = self.algorithm
-        changed = [k for k, f in FtSpec.model_fields.items() if k != "algorithm" and getattr(self, k) != f.default]
-        if algo == "ddp":
-            if changed:
-                raise ValueError(
-                    f"{changed[0]}: only for a semi-synchronous ft.algorithm "
-                    f"({', '.join(ALGORITHMS[1:])}); ddp syncs every step"
-                )
-            return self
-        if algo != "streaming_diloco" and self.fragments != 1:
-            raise ValueError(
-                f"fragments ({self.fragments}): only for ft.algorithm streaming_diloco "
-                f"(got {algo}, which syncs the whole model)"
-            )
-        if algo == "streaming_diloco":
-            if self.fragments < 2:
-                raise ValueError(
-                    f"fragments ({self.fragments}): streaming_diloco needs at least 2 fragments "
-                    "(1 fragment is ft.algorithm diloco)"
-                )
-            if self.sync_every % self.fragments:
-                raise ValueError(
-                    f"sync_every ({self.sync_every}) must be a multiple of ft.fragments "
-                    f"({self.fragments}): one fragment syncs every sync_every / fragments steps"
-                )
-        if algo == "localsgd":
-            for key in changed:
-                if key not in ("sync_every", "catch_up"):
-                    raise ValueError(
-                        f"{key}: only for ft.algorithm {' or '.join(DILOCO_FAMILY)}; torchft's "
-                        "LocalSGD averages the parameters (no outer optimizer, fragments, quantization "
-                        "or bucketization)"
-                    )
-        elif self.fragment_sync_delay >= self.sync_every // self.fragments:
-            raise ValueError(
-                f"fragment_sync_delay ({self.fragment_sync_delay}) must be < sync_every / fragments "
-                f"({self.sync_every // self.fragments}): a fragment must be synced before it is "
-                "reduced again"
-            )
-        return self
-
-
-class ModelSpec(_Section):
-    """The torchft-lite decoder language model and its synthetic data."""
-
-    vocab_size: int = Field(256, ge=8, le=1_000_000)
-    dim: int = Field(64, ge=8, le=16384)
-    layers: int = Field(2, ge=1, le=256)
-    heads: int = Field(4, ge=1, le=256)
-    seq_len: int = Field(32, ge=4, le=65536)
-    batch_size: int = Field(8, ge=1, le=65536)
-    lr: float = Field(3e-3, gt=0, le=10)
-    step_delay_s: float = Field(0.0, ge=0, le=60)
-
-    @model_validator(mode="after")
-    def _heads_divide_dim(self) -> "ModelSpec":
-        if self.dim % self.heads:
-            raise ValueError(f"dim ({self.dim}) must be a multiple of heads ({self.heads})")
-        return self
-
-
-class FaultSpec(_Section):
-    """One scheduled fault: at a committed step, or ``at_s`` seconds after the first committed step."""
-
-    action: str = "kill"
-    target: Optional[int] = Field(None, ge=0)
-    at_step: Optional[int] = Field(None, ge=0)
-    at_s: Optional[float] = Field(None, ge=0)
-    seconds: float = Field(5.0, gt=0, le=3600)
-
-    @field_validator("action")
-    @classmethod
-    def _kind(cls, v: str) -> str:
-        return _fault_kind(v)
-
-    @model_validator(mode="after")
-    def _when(self) -> "FaultSpec":
-        if (self.at_step is None) == (self.at_s is None):
-            raise ValueError("give exactly one of at_step or at_s")
-        return self
-
-
-def _fault_kind(name: str) -> str:
-    if name not in faultkinds.KINDS:
-        raise ValueError(f"got {name!r}; allowed: {', '.join(faultkinds.names())}")
-    return name
+    return backend_class(name)
 
 
 def is_loopback(host: str) -> bool:
+    """Whether ``host`` is ``localhost`` or a loopback address (127.0.0.0/8, ::1)."""
     if host == "localhost":
         return True
     try:
@@ -271,125 +67,11 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-def _loopback_only(cluster: str) -> bool:
-    from workbench.cluster import backend_class
-
-    return backend_class(cluster).loopback_only
-
-
-def _cluster_name(name: str) -> str:
-    from workbench.cluster import backend_names
-
-    if name not in backend_names():
-        raise ValueError(f"got {name!r}; allowed: {', '.join(backend_names())}")
-    return name
-
-
-class ChaosSpec(_Section):
-    """Random faults with exponential inter-arrival times (a Poisson process of rate 1/mtbf_s).
-
-    Drawn once, at submit, from ``seed``: the drawn list is written into the
-    resolved spec's ``faults`` so the run records, and a replay repeats,
-    exactly the faults that were injected.
-    """
-
-    mtbf_s: float = Field(..., gt=0, le=10_000_000)
-    seed: int = Field(0, ge=0)
-    actions: list[str] = Field(default_factory=lambda: ["kill"], min_length=1)
-    targets: Optional[list[int]] = None
-    start_s: float = Field(5.0, ge=0)
-    max_faults: int = Field(10, ge=1, le=100_000)
-    hang_seconds: float = Field(3.0, gt=0, le=3600)
-
-    @field_validator("actions")
-    @classmethod
-    def _kinds(cls, v: list[str]) -> list[str]:
-        return [_fault_kind(a) for a in v]
-
-
-class HangSpec(_Section):
-    """Hang detection: a replica group that made no step progress for ``timeout_s``.
-
-    ``timeout_s: null`` derives it from the run: 20 × the median step interval,
-    at least ``min_timeout_s``. ``action: kill`` kills and relaunches it.
-    """
-
-    timeout_s: Optional[float] = Field(None, gt=0, le=86_400)
-    min_timeout_s: float = Field(3.0, gt=0, le=86_400)
-    action: Literal["none", "kill"] = "none"
-
-
-class SlurmSpec(_Section):
-    """Where and how Slurm runs the jobs (``cluster: slurm``); see docs/slurm.md.
-
-    ``conf`` is the ``slurm.conf`` clients use: empty means ``$SLURM_CONF``, else
-    the local dev cluster when it is up, else the machine's default; submit
-    pins the choice here. Jobs are ``--no-requeue``: the controller resubmits an
-    ended job as the next attempt. ``requeue: true`` (checkpoint-restart
-    trainers only) lets Slurm requeue it instead, as the same attempt.
-    ``sbatch_args`` are extra ``#SBATCH`` options (``{constraint: h100}``).
-    """
-
-    conf: Optional[str] = None
-    partition: Optional[str] = None
-    account: Optional[str] = None
-    qos: Optional[str] = None
-    time_min: int = Field(60, ge=1)
-    nodes: int = Field(1, ge=1)
-    tasks_per_node: int = Field(1, ge=1)
-    gpus_per_node: int = Field(0, ge=0)
-    cpus_per_task: int = Field(1, ge=1)
-    requeue: bool = False
-    srun_args: list[str] = Field(default_factory=list)
-    setup: list[str] = Field(default_factory=list)
-    sbatch_args: dict[str, str] = Field(default_factory=dict)
-
-    @field_validator("sbatch_args")
-    @classmethod
-    def _sbatch_args(cls, v: dict[str, str]) -> dict[str, str]:
-        """submitit writes each as ``#SBATCH --key=value`` unquoted: a newline would be a shell line."""
-        for key, value in v.items():
-            if not SBATCH_KEY.fullmatch(key):
-                raise ValueError(
-                    f"key {key!r}: an sbatch option name; allowed: letters, digits and '-', starting with a letter"
-                )
-            _one_line(f"[{key}]", value)
-        return v
-
-    @field_validator("srun_args", "setup")
-    @classmethod
-    def _lines(cls, v: list[str]) -> list[str]:
-        for i, value in enumerate(v):
-            _one_line(f"[{i}]", value)
-        return v
-
-
-SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,63}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _one_line(where: str, value: str) -> None:
-    if _CONTROL.search(value):
-        raise ValueError(
-            f"{where}: {value!r} has a control character (newline, tab, ...); allowed: one line of printable text"
-        )
-
-
-class CheckpointSpec(_Section):
-    """When the ``ddp-restart`` baseline writes its checkpoint: every ``every_steps`` committed
-    steps, or every ``every_s`` seconds of training, whichever comes first (unset: never).
-    ``keep`` durable checkpoints are kept; older ones are deleted."""
-
-    every_steps: Optional[int] = Field(None, ge=1)
-    every_s: Optional[float] = Field(None, gt=0)
-    keep: int = Field(2, ge=1, le=1000)
-
-
-class Spec(_Section):
+class Spec(Section):
     """One experiment. ``workbench.load_spec`` builds it; ``to_dict`` round-trips."""
 
     name: str = Field("run", pattern=r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-    trainer: Literal[TRAINERS] = "torchft-lite"
+    trainer: TrainerName = "torchft-lite"
     cluster: str = "local"
     replicas: int = Field(3, ge=1, le=1024)
     min_replicas: int = Field(1, ge=1, le=1024)
@@ -419,12 +101,35 @@ class Spec(_Section):
     @field_validator("cluster")
     @classmethod
     def _backend(cls, v: str) -> str:
-        return _cluster_name(v)
+        if v not in _backend_names():
+            raise ValueError(f"got {v!r}; allowed: {', '.join(_backend_names())}")
+        return v
 
     @model_validator(mode="after")
     def _cross_field(self) -> "Spec":
+        """The rules between sections, in this order (the first broken one is the message)."""
         if self.min_replicas > self.replicas:
             raise ValueError(f"min_replicas ({self.min_replicas}) must be <= replicas ({self.replicas})")
+        self._check_faults()
+        lh = self.lighthouse
+        if _backend_class(self.cluster).loopback_only and not lh.allow_non_loopback and not is_loopback(lh.bind_host):
+            raise ValueError(
+                f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "
+                "run listens on 127.0.0.1 only (set lighthouse.allow_non_loopback: true to serve "
+                "quorums to the network)"
+            )
+        if self.spares and not trainer_kind(self.trainer).supports_spares:
+            with_spares = ", ".join(n for n in TRAINERS if trainer_kind(n).supports_spares)
+            raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer {with_spares} only")
+        self._check_algorithm()
+        if self.chaos and self.chaos.targets:
+            bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
+            if bad:
+                raise ValueError(f"chaos.targets {bad}: each must be in 0..{self.replicas - 1}")
+        return self
+
+    def _check_faults(self) -> None:
+        """Each scheduled fault and chaos action is a kind the backend injects and the trainer has a target for."""
         here = faultkinds.names(self.cluster)
         applies = faultkinds.names_for(trainer_kind(self.trainer), self.cluster)
         for i, f in enumerate(self.faults):
@@ -447,24 +152,14 @@ class Spec(_Section):
                     f"chaos.actions: {a} is not a fault on cluster {self.cluster} for trainer "
                     f"{self.trainer}; allowed: {', '.join(applies)}"
                 )
-        lh = self.lighthouse
-        if _loopback_only(self.cluster) and not lh.allow_non_loopback and not is_loopback(lh.bind_host):
-            raise ValueError(
-                f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "
-                "run listens on 127.0.0.1 only (set lighthouse.allow_non_loopback: true to serve "
-                "quorums to the network)"
-            )
-        if self.spares and not trainer_kind(self.trainer).supports_spares:
-            with_spares = ", ".join(n for n in TRAINERS if trainer_kind(n).supports_spares)
-            raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer {with_spares} only")
-        self._check_algorithm()
-        if self.chaos and self.chaos.targets:
-            bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
-            if bad:
-                raise ValueError(f"chaos.targets {bad}: each must be in 0..{self.replicas - 1}")
-        return self
 
     def _check_algorithm(self) -> None:
+        """``ft`` against what the trainer implements (its :class:`~workbench.trainers.registry.TrainerKind`).
+
+        A semi-synchronous run also gets its torchft and lighthouse defaults
+        changed where the user left them unset: DiLoCo's synchronous quorum,
+        and a 30 s ``join_timeout_ms`` (see :class:`~workbench.spec.sections.FtSpec`).
+        """
         ft, kind = self.ft, trainer_kind(self.trainer)
         if ft.algorithm not in kind.algorithms:
             with_it = ", ".join(n for n in TRAINERS if ft.algorithm in trainer_kind(n).algorithms)
@@ -483,24 +178,23 @@ class Spec(_Section):
             self.torchft.use_async_quorum = False
         if ft.quantize:
             self._check_quantize()
-        if self.trainer == "titan":
-            for key, value in TITAN_OUTER.items():
-                if getattr(ft, key) != value:
-                    raise ValueError(
-                        f"ft.{key} ({getattr(ft, key)}): trainer titan cannot set it; TorchTitan "
-                        f"builds DiLoCo's outer optimizer with {key.removeprefix('outer_')}={value}"
-                    )
-        if self.trainer == "titan" and ft.catch_up:
-            raise ValueError(
-                "ft.catch_up: true is for trainer torchft-lite; TorchTitan's own semi-sync loop "
-                "keeps a fixed sync_every"
-            )
-        if self.trainer == "titan" and ft.bucket_cap_mb is not None:
-            raise ValueError(
-                f"ft.bucket_cap_mb ({ft.bucket_cap_mb}) is for trainer torchft-lite; TorchTitan's "
-                "fault_tolerance options do not pass DiLoCo's bucketization on"
-            )
-        if self.trainer == "torchft-lite" and ft.fragments > self.model.layers + 2:
+        for key, value in kind.outer_optimizer.items():
+            if getattr(ft, key) != value:
+                raise ValueError(
+                    f"ft.{key} ({getattr(ft, key)}): trainer {self.trainer} cannot set it; {kind.upstream} "
+                    f"builds DiLoCo's outer optimizer with {key.removeprefix('outer_')}={value}"
+                )
+        for key, why in kind.ft_unsupported.items():
+            value = getattr(ft, key)
+            if value != FtSpec.model_fields[key].default:
+                with_it = ", ".join(
+                    n
+                    for n in TRAINERS
+                    if ft.algorithm in trainer_kind(n).algorithms and key not in trainer_kind(n).ft_unsupported
+                )
+                shown = ": true" if value is True else f" ({value})"
+                raise ValueError(f"ft.{key}{shown} is for trainer {with_it}; {why}")
+        if kind.fragments_from_layers and ft.fragments > self.model.layers + 2:
             raise ValueError(
                 f"ft.fragments ({ft.fragments}) must be <= model.layers + 2 ({self.model.layers + 2}): "
                 "a fragment is the embeddings, one or more blocks, or the head"
@@ -509,13 +203,18 @@ class Spec(_Section):
             self.lighthouse.join_timeout_ms = 30_000
 
     def _check_quantize(self) -> None:
+        """torchft quantizes with Triton on CUDA, and silently does not elsewhere: refuse it where the jobs
+        have no GPU. Where they run elsewhere the backend names the spec key that gives them GPUs
+        (``job_gpus_key``); where they run here, this machine must have CUDA and Triton."""
         import importlib.util
 
-        if self.cluster == "slurm":
-            if self.slurm.gpus_per_node < 1:
+        key = _backend_class(self.cluster).job_gpus_key
+        if key is not None:
+            section, _, field = key.partition(".")
+            if getattr(getattr(self, section), field) < 1:
                 raise ValueError(
                     "ft.quantize: true needs GPUs (torchft quantizes with Triton on CUDA); "
-                    "set slurm.gpus_per_node >= 1 or ft.quantize: false"
+                    f"set {key} >= 1 or ft.quantize: false"
                 )
             return
         import torch

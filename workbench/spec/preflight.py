@@ -1,6 +1,6 @@
 """Checks before submit that need the world or judge how well a valid spec will run.
 
-:func:`preflight` raises :class:`~workbench.spec.models.SpecError` for what cannot
+:func:`preflight` raises :class:`~workbench.errors.SpecError` for what cannot
 work and returns warnings for what works badly; nothing is created or started.
 """
 
@@ -74,7 +74,7 @@ def preflight(spec: Spec) -> list[str]:
     for i, f in enumerate(spec.faults):
         if f.at_step is not None and f.at_step >= spec.steps:
             warnings.append(f"faults[{i}].at_step ({f.at_step}) >= steps ({spec.steps}): it never fires")
-    key = trainer_kind(spec.trainer).checkpoint_period
+    key = kind.checkpoint_period
     section, _, name = (key or "").partition(".")
     period = getattr(spec, section).get(name) if key else None
     if isinstance(period, int) and period > spec.steps:
@@ -82,8 +82,8 @@ def preflight(spec: Spec) -> list[str]:
             f"checkpoint period ({period}) is longer than the run (steps={spec.steps}): no checkpoint is "
             "ever written, so a restart starts from step 0"
         )
-    semi_sync = spec.trainer == "torchft-lite" and spec.ft.algorithm != "ddp"  # their heartbeats say "waiting"
-    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < spec.pg_timeout_ms and not semi_sync:
+    says_waiting = kind.says_waiting_at_sync and spec.ft.algorithm != "ddp"  # a group waiting at a sync is not hung
+    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < spec.pg_timeout_ms and not says_waiting:
         warnings.append(
             f"hang.timeout_s ({spec.hang.timeout_s}) is shorter than the process-group timeout "
             f"({spec.pg_timeout_ms} ms): survivors waiting out a dead peer would be reported as hung"

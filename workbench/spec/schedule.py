@@ -13,7 +13,8 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.faults import kinds as faultkinds
-from workbench.spec.models import FaultSpec, Spec
+from workbench.spec.models import Spec
+from workbench.spec.sections import FaultSpec
 
 
 def draw(chaos, replicas: int) -> list[FaultSpec]:

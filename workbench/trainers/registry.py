@@ -17,7 +17,7 @@ Two recovery models:
 from __future__ import annotations
 
 import dataclasses
-from typing import Optional
+from typing import Mapping, Optional
 
 
 @dataclasses.dataclass(frozen=True)
@@ -52,6 +52,21 @@ class TrainerKind:
     ``algorithms``: the spec's ``ft.algorithm`` values the trainer implements
     (``ddp``: per-step all-reduce; the semi-synchronous ones: torchft's
     ``LocalSGD``/``DiLoCo``, see :mod:`.semi_sync`).
+
+    What a semi-synchronous run of the trainer can be asked (the spec's ``ft``
+    section, checked in ``spec.models``): ``outer_optimizer`` holds DiLoCo's
+    outer optimizer settings (``ft.outer_*``) where the trainer's loop builds
+    that optimizer itself, the only values the spec may give (empty: it takes
+    the spec's); ``upstream`` names the project whose training loop the trainer
+    drives, in messages (empty: the workbench's own loop). ``ft_unsupported`` maps
+    an ``ft`` option the trainer does not implement to why not; the spec
+    refuses it set to anything but its default. ``fragments_from_layers``:
+    streaming DiLoCo's fragments are the model's embeddings, blocks and head,
+    so there are at most ``model.layers + 2``. ``says_waiting_at_sync``: in a
+    semi-synchronous run its heartbeats say ``waiting`` while the group waits
+    for its peers at a sync (``trainers/kit.py``), so the hang detector does
+    not take a group waiting out a dead peer for hung (a preflight warning
+    that assumes otherwise is skipped).
     """
 
     name: str
@@ -69,6 +84,11 @@ class TrainerKind:
     checkpoint_writer: Optional[str] = None
     collective_rank: Optional[str] = None
     algorithms: tuple[str, ...] = ("ddp",)
+    upstream: str = ""
+    outer_optimizer: Mapping[str, object] = dataclasses.field(default_factory=dict, hash=False)
+    ft_unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
+    fragments_from_layers: bool = False
+    says_waiting_at_sync: bool = False
 
     def samples_per_step(self, spec) -> int:
         """Samples one writer's committed step trains on."""
@@ -100,6 +120,8 @@ KINDS: tuple[TrainerKind, ...] = (
         rank0="group",
         collective_rank="group",
         algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
+        fragments_from_layers=True,
+        says_waiting_at_sync=True,
     ),
     TrainerKind(
         "titan",
@@ -110,12 +132,20 @@ KINDS: tuple[TrainerKind, ...] = (
         store_host="group",
         rank0="child_rank0",
         algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
+        upstream="TorchTitan",
+        # TorchTitan builds DiLoCo's outer optimizer itself: SGD(lr=0.7, momentum=0.9, nesterov=True).
+        outer_optimizer={"outer_lr": 0.7, "outer_momentum": 0.9, "outer_nesterov": True},
+        ft_unsupported={
+            "catch_up": "TorchTitan's own semi-sync loop keeps a fixed sync_every",
+            "bucket_cap_mb": "TorchTitan's fault_tolerance options do not pass DiLoCo's bucketization on",
+        },
     ),
     TrainerKind(
         "maxtext",
         "workbench.trainers.maxtext.job",
         elastic=False,
         sections=("maxtext",),
+        upstream="MaxText",
         writer_per_replica=False,
         checkpoint_period="maxtext.checkpoint_period",
         check_processes="workbench.trainers.maxtext.command:check_spec",
