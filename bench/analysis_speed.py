@@ -20,7 +20,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.spec.load import load_spec
 
 BASE = 1_700_000_000.0

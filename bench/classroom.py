@@ -46,7 +46,7 @@ import workbench as wb
 from workbench import analysis
 from workbench.analysis.useful import decided
 from workbench.analysis.wallclock import Replay, useful_rate
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
 from workbench.run import rundir
 from workbench.spec.load import load_spec, load_yaml, parse_override
 from workbench.spec.models import Spec

@@ -52,7 +52,7 @@ def _summary(xs: list[float], scale: float = 1000.0) -> dict:
 
 def prefill(run_dir: Path, points: int, replicas: int = 3, t0: float = None) -> int:
     """Append ``points`` step events (spread over ``replicas`` groups) in the event files' own format."""
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
 
     per = points // replicas + 1
     t0 = t0 if t0 is not None else time.time() - per * 0.01
@@ -75,7 +75,7 @@ def kernel_side(points: int = 100_000, reps: int = 200) -> dict:
     import ipywidgets as w
 
     from tests.browser.live_plot_page import make_run
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.widgets import Dashboard
     from workbench.widgets.plot import plot_bundle
 

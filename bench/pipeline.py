@@ -24,7 +24,8 @@ from typing import Callable, Optional
 
 import orjson
 
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.run import rundir
 from workbench.spec.load import load_spec
 

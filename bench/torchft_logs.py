@@ -84,7 +84,7 @@ def measure(reps: int, window_s: float, root: Path, log=print) -> dict:
 def record_cost(n: int = 20_000) -> dict:
     """Seconds per record through the handler (``logger.info`` → one event line written and flushed),
     and per record with the route off (torchft's loggers at their default level: dropped), median of 5."""
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.trainers.torchft.logs import TorchftLogHandler
 
     logger = logging.getLogger("torchft_commits")

@@ -220,7 +220,8 @@ def _diloco_log(tmp_path):
     syncs alone at 9 and with the replacement (healed at 1011.8, joined at sync 12) at 12; their sync
     at 15 is voted down, so 13–15 are stepped again and committed at 1018.
     """
-    from workbench.events.log import EventReader, EventWriter
+    from workbench.events.reader import EventReader
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
 
     run_dir = rundir.create(tmp_path, "20250101-000000-semi-abcdef", {"replicas": 2})
@@ -447,8 +448,9 @@ def test_the_comparison_table_leaves_out_a_window_a_sync_voted_down(tmp_path):
     was voted down, so 4–6 (loss 0.5, each provisionally ``committed``) were thrown away and are in
     neither the final loss nor the step rate."""
     from workbench.analysis import compare
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
+    from workbench.run.handle import attach
 
     run_dir = rundir.create(
         tmp_path,
@@ -468,7 +470,7 @@ def test_the_comparison_table_leaves_out_a_window_a_sync_voted_down(tmp_path):
             loss=2.0 if s <= 3 else 0.5,
             t=1000.0 + s,
         )
-    row = compare.table([run_dir]).iloc[0]
+    row = compare.table([attach(run_dir)]).iloc[0]
     assert row["final_loss"] == 2.0
     assert row["steps_per_s"] == pytest.approx((3 - 1) / (1003.0 - 1001.0))
 

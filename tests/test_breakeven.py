@@ -4,7 +4,8 @@ import numpy as np
 import pytest
 
 from workbench.analysis import breakeven as be
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.spec.load import load_spec
 
 BASE = 1_000_000.0

@@ -10,7 +10,7 @@ import time
 import numpy as np
 import pytest
 
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
 from workbench.run import rundir
 from workbench.spec.load import load_spec
 from workbench.widgets import Dashboard, DashboardState, active_dashboards
@@ -399,7 +399,8 @@ def test_kill_button_kills_the_replica_of_a_real_run(real_run):
 
 def test_a_checkpoint_restart_shows_a_restore_marker_and_the_steps_redone(tmp_path):
     """MaxText-style recovery: killed at step 37, restarted, resumed from checkpoint 30."""
-    from workbench.events.log import EventReader, EventWriter
+    from workbench.events.reader import EventReader
+    from workbench.events.writer import EventWriter
     from workbench.widgets.state import DashboardState
 
     w0 = EventWriter(tmp_path, "replica-0.attempt-0", run="r", replica=0, attempt=0)
@@ -424,7 +425,7 @@ def test_a_checkpoint_restart_shows_a_restore_marker_and_the_steps_redone(tmp_pa
 def test_panels_escape_what_event_files_say_and_use_decimal_units(tmp_path):
     """Quorum ids and heal sources come from files any job writes: shown as text, never as HTML.
     Sizes in decimal units, as `workbench summary` prints them (1,500,000 bytes is 1.5 MB)."""
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
     from workbench.spec.load import load_spec
 
@@ -443,7 +444,7 @@ def test_a_diverged_loss_is_marked_on_the_plot_and_the_tile(tmp_path):
     """NaN is not plotted (no y), so it must be marked: the tile says diverged, and the plot has
     a `diverged` marker at that step; status reports the step too."""
     import workbench as wb
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
     from workbench.spec.load import load_spec
 

@@ -4,7 +4,8 @@ import json
 import shutil
 import threading
 
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 
 
 def test_torn_last_line_is_read_once_complete(tmp_path):

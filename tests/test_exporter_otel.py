@@ -4,7 +4,7 @@ written by hand: the same fold as the Prometheus endpoint, collected again as th
 from opentelemetry.sdk.metrics.export import InMemoryMetricReader
 
 from workbench.apps import exporter
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
 from workbench.run import rundir
 from workbench.run.handle import attach
 from workbench.spec.load import load_spec

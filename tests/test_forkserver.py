@@ -17,7 +17,7 @@ import pytest
 import submitit
 
 from tests.conftest import kill_pids
-from workbench.cluster.local.forkserver import ForkExecutor, ForkServer
+from workbench.cluster.local.forkexecutor import ForkExecutor, ForkServer
 
 SERVER_IMPORT_S = 120  # a generous bound for torch + torchft imports on a loaded 2-core machine
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import submitit
 
-from workbench.events.log import read_all
+from workbench.events.reader import read_all
 from workbench.spec.load import load_spec
 from workbench.trainers.base import JobContext, job_entrypoint
 from workbench.trainers.maxtext import command as maxtext_command
@@ -226,7 +226,7 @@ def test_kill_resumes_from_last_durable_checkpoint(chaos):
 def test_a_save_without_its_event_is_recorded_late_once(baseline, tmp_path):
     """A save committed after a killed attempt's last look has no event; the next attempt records it
     (``late``) before MaxText restores it, and only it. On the baseline run's own Orbax directory."""
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.trainers.maxtext.job import record_late_saves
 
     run_dir = Path(baseline.ctx.run_dir)

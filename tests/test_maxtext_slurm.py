@@ -20,10 +20,10 @@ import psutil
 import pytest
 
 from workbench.cluster.slurm import backend as slurm
-from workbench.cluster.slurm import client as slurm_client
 from workbench.devcluster import netns
 from workbench.errors import SpecError
 from workbench.trainers.maxtext import command as maxtext_command
+from workbench.trainers.placement import node_address
 
 from .conftest import committed_before, local_slurm, slurm_prerequisites, slurm_submitter
 
@@ -107,7 +107,7 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     assert start0["world_size"] == 2
     assert len(set(start0["nodes"])) == 2 and set(start0["nodes"]) <= set(cluster["nodes"])
     port = maxtext_command.coordinator_port(str(start0["job_id"]))
-    coordinator = f"{slurm_client.node_address(start0['nodes'][0])}:{port}"
+    coordinator = f"{node_address(start0['nodes'][0])}:{port}"
     assert start0["coordinator"] == coordinator and port != maxtext_command.MAXTEXT_CPU_PORT
     logs = Path(run.run_dir) / "maxtext"
     rank0, rank1 = (logs / "attempt-0.log").read_text(), (logs / "attempt-0.rank-1.log").read_text()
@@ -120,7 +120,7 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     ]
     assert max(rank1_steps) >= 20
     # Every listener of the job's processes (JAX's coordinator, gloo) on its node's address, none on a wildcard.
-    allowed = {slurm_client.node_address(n) for n in start0["nodes"]}
+    allowed = {node_address(n) for n in start0["nodes"]}
     procs = [p for rank in (0, 1) for p in task_processes(str(start0["job_id"]), rank)]
     listeners = job_listeners(procs, start0["nodes"])
     assert (coordinator.rsplit(":", 1)[0], port) in listeners

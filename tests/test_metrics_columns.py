@@ -10,7 +10,7 @@ import pandas as pd
 
 import workbench as wb
 from workbench.analysis import StepColumns, metrics_frame
-from workbench.events.log import EventReader
+from workbench.events.reader import EventReader
 
 
 def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_malformed_line(
@@ -58,7 +58,7 @@ def test_columnar_metrics_equal_the_dict_path_on_a_real_log_with_a_torn_and_a_ma
 
 def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp_path):
     """A live run is read a poll at a time; fields that only some polls carry keep the dtype one read gives."""
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
     from workbench.spec.load import load_spec
 
@@ -96,7 +96,7 @@ def test_columnar_metrics_read_incrementally_equal_one_read_of_the_whole_log(tmp
 def test_columnar_metrics_keep_list_fields_and_time_order_across_files_written_out_of_order(tmp_path):
     """List fields of varying length (ints, floats, bools, empty) and files whose times interleave,
     equal t across files included: the merged columns equal the dict path's frame, poll after poll."""
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
     from workbench.spec.load import load_spec
 
@@ -133,7 +133,7 @@ def test_a_reader_starts_from_the_controllers_index_and_ignores_one_it_cannot_tr
     appears late, lists of any length, a null, a NaN loss), the bytes after the index are parsed, and an
     index that is corrupt or ahead of a file is not used."""
     from workbench.analysis import step_index
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
     from workbench.spec.load import load_spec
 

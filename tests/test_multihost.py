@@ -21,7 +21,8 @@ import pytest
 
 from workbench import devcluster
 from workbench.devcluster import netns
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.state.fold import RunState
 
 from .conftest import REPO, assert_slurmds_listen_on_their_nodes, local_slurm, slurmd_pids, tcp_listeners, workbench_cli
@@ -139,7 +140,7 @@ if titan_cpu.needed():
     titan_cpu.apply()
 from torchtitan.models.common.attention import FusedQKVLinear
 from torchtitan.models.common.linear import Linear
-from workbench.trainers.titan.rank import load_local_model_state, local_model_state
+from workbench.trainers.titan.rank_state import load_local_model_state, local_model_state
 
 def within(fn, seconds):
     done = []
@@ -403,7 +404,7 @@ def test_up_puts_each_node_in_its_own_namespace(cluster):
 
 @needs_cluster
 def test_node_address_is_slurms_nodeaddr(cluster, monkeypatch):
-    from workbench.cluster.slurm.client import node_address
+    from workbench.trainers.placement import node_address
 
     monkeypatch.setenv("SLURM_CONF", cluster["slurm_conf"])
     assert node_address("n3") == cluster["network"]["nodes"]["n3"]

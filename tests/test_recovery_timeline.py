@@ -15,7 +15,8 @@ target, so it is the only survivor. Times are binary fractions, so every differe
 import math
 
 from workbench import analysis
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.spec.load import load_spec
 
 BASE = 1_000_000.0

@@ -11,7 +11,8 @@ import pytest
 
 import workbench as wb
 from workbench.cluster import procs
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.run import rundir
 from workbench.spec.load import load_spec
 from workbench.state.fold import RunState

@@ -47,7 +47,8 @@ def test_a_soak_is_long_enough_for_its_last_fault_at_its_fastest_step():
 def test_a_crash_of_a_group_that_was_killed_earlier_still_counts(tmp_path):
     """Group 1's first attempt is killed (explained); its second attempt dies with no fault aimed
     at it: a crash, although group 1 was a fault's target once."""
-    from workbench.events.log import EventReader, EventWriter
+    from workbench.events.reader import EventReader
+    from workbench.events.writer import EventWriter
     from workbench.experiments.soak import unexplained_crashes
 
     ctl = EventWriter(tmp_path, "controller", run="r")

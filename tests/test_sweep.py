@@ -19,7 +19,7 @@ import pytest
 from nbclient import NotebookClient
 
 import workbench as wb
-from workbench.analysis import compare
+from workbench.analysis import compare, compare_figures
 from workbench.experiments.sweep import SWEEPS_DIR, expand_points, list_sweeps
 from workbench.run.replay import replay_spec
 from workbench.widgets.comparison import ComparisonWidget, active_comparisons
@@ -184,7 +184,7 @@ def test_comparison_view_of_the_sweep(finished_sweep):
     assert [t["name"] for t in shown] == [t.name for t in view.figure.data]
     x = shown[0]["x"]  # plotly's typed-array encoding
     assert list(np.frombuffer(base64.b64decode(x["bdata"]), dtype=x["dtype"])) == list(view.figure.data[0].x)
-    figs = compare.sweep_report_figures(sw)
+    figs = compare_figures.sweep_report_figures(sw)
     assert len(figs) == 3  # loss, figures by model.lr, parallel coordinates (3 swept keys)
     assert sum(1 for t in figs[0].data if t.mode == "lines") == 3
     assert any(t.mode == "markers" for t in figs[0].data)  # the scheduled kill, on the curve
@@ -220,7 +220,7 @@ def test_replay_repeats_the_spec_and_the_faults(finished_sweep, tracked):
     assert (before["step"] >= KILL_AT).all() and (after["step"] >= KILL_AT).all()
     assert (abs(before["step"] - after["step"]) <= 2).all(), (before, after)
 
-    both = compare.replay_comparison(original, replay)
+    both = compare_figures.replay_comparison(original, replay)
     assert list(both["table"]["label"]) == ["original", "replay"]
     assert list(both["faults"]["original.step"]) == list(before["step"])
     cli = workbench_cli("ls", str(sw.sweep_dir.parent.parent))

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from workbench.analysis.wallclock import STATE_COLORS, Replay, Timeline, fold_until, useful_rate
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.run import rundir
 from workbench.spec.load import load_spec
 

@@ -10,7 +10,8 @@ from collections import Counter
 
 import pytest
 
-from workbench.events.log import EventWriter, read_all
+from workbench.events.reader import read_all
+from workbench.events.writer import EventWriter
 from workbench.trainers.torchft.logs import TorchftLogHandler
 
 pytestmark = pytest.mark.slow

@@ -92,7 +92,8 @@ def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(t
     the group runs again, stamped before its hang was reported. That is no progress since the report,
     so the hang stays reported once; a step stamped after the report is, and clears it."""
     from workbench.controller.loop import Controller
-    from workbench.events.log import EventWriter, read_all
+    from workbench.events.reader import read_all
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
     from workbench.spec.load import load_spec
 
@@ -111,7 +112,7 @@ def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(t
 
         def hangs_after_a_check():
             controller._poll()
-            controller._detect_hangs()
+            controller.watchdog.check()
             return [(e["target"], e["step"]) for e in read_all(run_dir) if e["kind"] == "hang"]
 
         assert hangs_after_a_check() == [(1, 13)]
@@ -134,8 +135,9 @@ def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(t
 def test_a_diverged_run_reports_nan_and_where_it_diverged(tmp_path):
     """A diverged point of a comparison must not report a finite final loss from its earlier steps."""
     from workbench.analysis import compare
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run import rundir
+    from workbench.run.handle import attach
     from workbench.spec.load import load_spec
 
     dirs = []
@@ -147,6 +149,6 @@ def test_a_diverged_run_reports_nan_and_where_it_diverged(tmp_path):
         for step, loss in enumerate(losses, start=1):
             w.emit("step", step=step, loss=loss, committed=True, participating=True)
         dirs.append(run_dir)
-    df = compare.table(dirs, labels=["fine", "diverged"]).set_index("label")
+    df = compare.table([attach(d) for d in dirs], labels=["fine", "diverged"]).set_index("label")
     assert df.loc["fine", "final_loss"] == 1.2 and pd.isna(df.loc["fine", "diverged_at"])
     assert pd.isna(df.loc["diverged", "final_loss"]) and df.loc["diverged", "diverged_at"] == 3

@@ -9,7 +9,7 @@ import time
 import psutil
 
 from workbench.cluster.procs import HOST, Proc, start_time
-from workbench.events import log as events
+from workbench.events import reader as events
 from workbench.faults import undo
 from workbench.run import rundir
 

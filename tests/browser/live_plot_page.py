@@ -73,7 +73,7 @@ class Feeder:
     """Writes a run's step events as its replica groups would; ``written[step]`` is when each was written."""
 
     def __init__(self, run_dir: Path, replicas: int = 2) -> None:
-        from workbench.events.log import EventWriter
+        from workbench.events.writer import EventWriter
 
         self.controller = EventWriter(run_dir, "controller", run=run_dir.name)
         self.writers = []

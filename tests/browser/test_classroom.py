@@ -38,7 +38,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
 
 from .conftest import ARTIFACTS, CHROMIUM, CHROMIUM_ARGS, REPO, _free_port, _missing, _stop
 from .live_plot_page import JS_PLOTS_FILL
@@ -324,7 +324,7 @@ def test_classroom_teacher_turns_the_fault_buttons_on(module_run, page, tmp_path
 FIGURES_NOTEBOOK = """
 import pandas as pd
 import workbench as wb
-from workbench import analysis; from workbench.analysis import compare
+from workbench import analysis; from workbench.analysis import compare, compare_figures
 HB = "lighthouse.heartbeat_timeout_ms"
 run = wb.attach({run_dir!r})
 timeline = analysis.recovery_timeline(run.event_records())
@@ -339,11 +339,11 @@ analysis.timeline_figure(pd.concat([timeline] * 6, ignore_index=True))   # six f
 ##
 wb.comparison(runs, labels=["500 ms", "5000 ms"])                  # notebook 04
 ##
-compare.stall_figure(table, HB, unit_s=0.001, label="lighthouse heartbeat timeout (ms)")
+compare_figures.stall_figure(table, HB, unit_s=0.001, label="lighthouse heartbeat timeout (ms)")
 ##
-compare.loss_figure(runs, labels=["500 ms", "5000 ms"], color_values=[500, 5000], color_by=HB, x="time")
+compare_figures.loss_figure(runs, labels=["500 ms", "5000 ms"], color_values=[500, 5000], color_by=HB, x="time")
 ##
-compare.comparison_figures(runs, params=points, color_by=HB)[1]    # sweep_report_figures' figures by the key
+compare_figures.comparison_figures(runs, params=points, color_by=HB)[1]  # sweep_report_figures' figures by the key
 """
 # (cell, rows): which cells draw the timeline, and with how many rows
 FIGURE_CELLS = {

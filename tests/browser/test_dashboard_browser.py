@@ -26,7 +26,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
 
 from .conftest import ARTIFACTS
 
