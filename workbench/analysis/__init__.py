@@ -5,6 +5,8 @@ and are pure, so the notebook, the CLI, the dashboard and the tests compute
 the same figures. One concept per module:
 
 - ``metrics``: the step metrics frame, the furthest committed step;
+  ``step_columns`` reads the same frame columnar from the events files
+  (``step_parse``), starting from the controller's ``step_index``;
 - ``recovery``: the recovery timeline, one row per fault (milestones, stall,
   heal, steps lost), which every other view reads instead of re-deriving it;
 - ``useful``: which steps were useful work (a semi-synchronous algorithm's inner
@@ -13,7 +15,8 @@ the same figures. One concept per module:
 - ``summary``: a run's headline figures, derived from the timeline;
 - ``goodput``: useful work against the run's own fault-free rate;
 - ``goodput_vocabulary``: its badput causes as ``ml-goodput-measurement``'s ``BadputType``;
-- ``figures``: plotly figures of the timeline and of goodput.
+- ``figures``: plotly figures of the timeline and of goodput;
+- ``compare``: several runs side by side (a table of their figures), drawn by ``compare_figures``.
 
 Where a run stands now (its state, each group's process) is the run-state
 fold's (``workbench.state.fold``), not an analysis.
@@ -27,8 +30,9 @@ from __future__ import annotations
 from workbench.analysis.figures import goodput_figure, timeline_figure
 from workbench.analysis.goodput import BADPUT_PARTS, goodput
 from workbench.analysis.goodput_vocabulary import BADPUT_TYPES, badput_by_type, badput_vocabularies
-from workbench.analysis.metrics import STEP_COLUMNS, StepColumns, max_committed_step, metrics_frame
+from workbench.analysis.metrics import STEP_COLUMNS, max_committed_step, metrics_frame
 from workbench.analysis.recovery import MILESTONES, ends_process, recovery_timeline
+from workbench.analysis.step_columns import StepColumns
 from workbench.analysis.summary import counts, summary, survivor_steps
 from workbench.analysis.useful import UsefulSteps, decided
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -16,7 +16,7 @@ from workbench.trainers import trainer_kind
 BADPUT_PARTS = ("stall", "discarded", "heal", "missing", "restart", "startup", "checkpoint", "other")
 
 
-def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -> dict:
+def goodput(events: Sequence[dict], spec, timeline: Optional[pd.DataFrame] = None) -> dict:
     """Useful work against the run's own fault-free rate, and where the rest went.
 
     Work-based: ``goodput = W / (R · T)`` with W the committed, participating
@@ -108,7 +108,8 @@ def goodput(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -
     }
     ending_faults: dict = {}
     for e in faults:
-        kind = faultkinds.kind(e.get("action"))
+        action = e.get("action")
+        kind = faultkinds.kind(action) if isinstance(action, str) else None
         if isinstance(e.get("target"), int) and kind is not None and kind.targets == "replica" and kind.ends_process:
             ending_faults.setdefault(e["target"], []).append(e["t"])
     for r, g in df.groupby("replica"):

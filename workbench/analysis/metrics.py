@@ -1,57 +1,16 @@
 """The step metrics of a run: one row per ``step`` event, and the furthest committed step.
 
-Two ways to the same DataFrame:
-
-- :func:`metrics_frame` from event dicts (what the analysis functions hold);
-- :class:`StepColumns`, the columnar read path ``Run.metrics()`` uses: each
-  events file's new bytes (the reader's protocol: byte offsets, a torn last
-  line left for the next read) go through pyarrow's JSON reader straight into
-  columns, step rows only, without one Python dict per line. Measured on
-  the benchmark's 50,003-event log (``bench/pipeline.py``, 15 MB) on this 2-core
-  machine under load: dicts then frame ~70-110k steps/s; parse only: orjson per
-  line ~160k/s, msgspec into typed structs ~0.9M/s (but it drops fields it was
-  not told about), pyarrow (1 MiB blocks, both cores) 0.75-1M/s, polars'
-  ``read_ndjson`` 0.65-0.85M/s. Polars was not taken: it silently drops a field
-  that first appears after its inference window and turns an int into a
-  string where a later line has one; pyarrow errors instead, and an error
-  sends the chunk down the exact per-line path.
-
-After the parse, the chunks are merged as numpy columns (rows reordered only
-when ``t`` is out of order: numpy's stable sort merges the files' sorted runs)
-and list fields become Python lists through numpy's ``tolist``, not arrow's
-``to_pylist``. Measured per stage on the same log (issue 19, load 1.1): read
-10 ms, line counts 6, pyarrow parse 102, step filter 5, to numpy 8, frames,
-merge and sort 11: the parse is the bound. No faster parser was found here:
-an explicit pyarrow schema (no gain), polars with a schema (87 vs pyarrow's
-101 ms in one session, slower in others), msgspec into structs (135 ms, one
-core), pyarrow's CSV tokenizer after rewriting ``": `` (56-67 vs 71-90 ms,
-and it would need its own JSON validation).
-
-That floor is for a log read from its start. A run the workbench ran has
-the controller's step index (``step_index``): ``StepColumns`` starts from it
-and parses only the bytes written after it.
-
-A chunk pyarrow refuses (a malformed line, a diverged loss written as
-``NaN``, a field whose type changes) is read line by line instead, exactly as
-:class:`~workbench.events.log.EventReader` does (bad lines counted in
-``skipped_lines``); the result is the same frame either way (``tests/test_metrics_columns.py``).
+Two ways to the same DataFrame: :func:`metrics_frame` from event dicts (what
+the analysis functions hold), and :class:`~workbench.analysis.step_columns.StepColumns`,
+the columnar read path ``Run.metrics()`` uses, which parses the events files'
+bytes straight into columns and arranges them as :func:`arrange_steps` does here.
 """
 
 from __future__ import annotations
 
-import contextlib
-import gc
-import io
-import json
-import os
-from pathlib import Path
-from typing import Optional
+from typing import Optional, Sequence
 
-import numpy as np
-import orjson
 import pandas as pd
-
-from workbench.events.log import EVENTS_DIR, new_lines
 
 STEP_COLUMNS = [
     "t",
@@ -67,345 +26,31 @@ STEP_COLUMNS = [
     "tokens_per_s",
     "weights",
 ]
-_DROPPED = ("kind", "run", "host", "pid")
+DROPPED = ("kind", "run", "host", "pid")  # fields of a step event that are no column of the frame
 
 
-def metrics_frame(events: list[dict]) -> pd.DataFrame:
+def metrics_frame(events: Sequence[dict]) -> pd.DataFrame:
     """Every ``step`` event as a row, in time order: ``STEP_COLUMNS`` first, then any trainer-specific fields."""
     rows = [e for e in events if e.get("kind") == "step"]
     df = pd.DataFrame(rows)
-    return _arrange(df)
+    return arrange_steps(df)
 
 
-def _arrange(df: pd.DataFrame, in_t_order: bool = False) -> pd.DataFrame:
+def arrange_steps(df: pd.DataFrame, in_t_order: bool = False) -> pd.DataFrame:
     """Missing ``STEP_COLUMNS`` as None, the column order, rows in stable ``t`` order (``in_t_order``: they are)."""
     if df.empty:
         return pd.DataFrame(columns=STEP_COLUMNS)
     for col in STEP_COLUMNS:
         if col not in df:
             df[col] = None
-    df = df[STEP_COLUMNS + [c for c in df.columns if c not in STEP_COLUMNS and c not in _DROPPED]]
+    df = df[STEP_COLUMNS + [c for c in df.columns if c not in STEP_COLUMNS and c not in DROPPED]]
     return df if in_t_order else df.sort_values(["t"], kind="stable").reset_index(drop=True)
 
 
-def max_committed_step(events: list[dict], replica: Optional[int] = None) -> int:
+def max_committed_step(events: Sequence[dict], replica: Optional[int] = None) -> int:
     steps = [
         e.get("step", 0)
         for e in events
         if e.get("kind") == "step" and e.get("committed") and (replica is None or e.get("replica") == replica)
     ]
     return max(steps, default=0)
-
-
-@contextlib.contextmanager
-def gc_paused():
-    """The cyclic garbage collector off meanwhile (and back on after, if it was on)."""
-    was_enabled = gc.isenabled()
-    gc.disable()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            gc.enable()
-
-
-class StepColumns:
-    """Incremental, columnar reader of a run's step events: ``frame()`` equals ``metrics_frame(all events)``.
-
-    One byte offset per events file, as :class:`~workbench.events.log.EventReader`;
-    each read parses only what was appended since, into a small DataFrame of
-    that chunk's step rows, kept; ``frame()`` concatenates them (cached until
-    new rows arrive): as numpy columns when every chunk has the same columns
-    and dtypes, through pandas' alignment otherwise.
-    """
-
-    def __init__(self, run_dir: str | os.PathLike, index: bool = True) -> None:
-        self.dir = Path(run_dir) / EVENTS_DIR
-        self._offsets: dict[Path, int] = {}
-        self._chunks: list[pd.DataFrame] = []
-        self._frame: Optional[pd.DataFrame] = None
-        self.skipped_lines = 0
-        self.fallback_chunks = 0
-        self.indexed_rows = 0
-        if index:  # start from the controller's index, when there is a usable one: parse only what follows it
-            from workbench.analysis import step_index
-
-            found = step_index.read(run_dir, self.dir)
-            if found is not None:
-                held, self._offsets, counters = found
-                self._chunks = [held] if len(held) else []
-                self.skipped_lines, self.fallback_chunks = counters["skipped_lines"], counters["fallback_chunks"]
-                self.indexed_rows = len(held)
-
-    def read(self) -> int:
-        """Read every file's new complete lines; returns the number of step rows added.
-
-        The cyclic garbage collector is paused meanwhile: the rows' nested values (lists) are many
-        small objects that make no cycles, and collections triggered by them walked the whole heap
-        (measured: 371 → 227 ms for the benchmark's log read right after a dict-based read).
-        """
-        with gc_paused():
-            return self._read()
-
-    def _read(self) -> int:
-        added = 0
-        for data in new_lines(self.dir, self._offsets):
-            chunk = self._parse(data)
-            if chunk is not None and len(chunk):
-                self._chunks.append(chunk)
-                added += len(chunk)
-        if added:
-            self._frame = None
-        return added
-
-    def frame(self) -> pd.DataFrame:
-        self.read()
-        if self._frame is None:
-            if not self._chunks:
-                self._frame = _arrange(pd.DataFrame())
-            else:
-                df, in_t_order = self._consolidate()
-                self._frame = _arrange(df.copy(deep=False), in_t_order)  # _arrange adds columns; the held chunk stays
-        return self._frame.copy(deep=False)
-
-    def held(self) -> tuple[Optional[pd.DataFrame], dict[Path, int], dict]:
-        """After reading the new bytes: every step row read so far as one frame (before ``_arrange``),
-        the byte offset per file it covers, and the counters; what ``step_index`` writes."""
-        self.read()
-        counters = {"skipped_lines": self.skipped_lines, "fallback_chunks": self.fallback_chunks}
-        held = self._consolidate()[0] if self._chunks else None
-        return held, dict(self._offsets), counters
-
-    def _consolidate(self) -> tuple[pd.DataFrame, bool]:
-        """The chunks as one held frame (a live run adds a chunk per poll: each is concatenated once),
-        in ``t`` order where it can be, so that the next poll's (later) rows append in order."""
-        cols = _concat_columns(self._chunks)
-        in_t_order = cols is not None and _t_sortable(cols)
-        if cols is None:  # chunks of different columns or dtypes: pandas' own alignment
-            df = self._chunks[0] if len(self._chunks) == 1 else _concat(self._chunks)
-        else:
-            df = pd.DataFrame(_in_t_order(cols) if in_t_order else cols, copy=False)
-        self._chunks = [df]
-        return df, in_t_order
-
-    def _parse(self, data: bytes) -> Optional[pd.DataFrame]:
-        lines = data.count(b"\n")
-        head = data[:65536]
-        # Mostly step lines at the head (the benchmark's log): parse it all, filter in arrow. Otherwise
-        # the other kinds are dropped as bytes first, so that their fields' types cannot clash with a step's.
-        mostly_steps = head.count(_KIND_STEP) >= 0.9 * head.count(b"\n")
-        candidate = data if mostly_steps else _step_lines(data)
-        if not candidate:
-            return None
-        try:
-            return _arrow_chunk(
-                candidate, lines if mostly_steps else candidate.count(b"\n"), only_steps=not mostly_steps
-            )
-        except (ValueError, TypeError, KeyError):  # pyarrow.ArrowInvalid is a ValueError
-            pass
-        if mostly_steps:
-            candidate = _step_lines(data)
-            try:
-                return _arrow_chunk(candidate, candidate.count(b"\n"), only_steps=True)
-            except (ValueError, TypeError, KeyError):
-                pass
-        self.fallback_chunks += 1
-        return self._per_line(candidate)
-
-    def _per_line(self, steps: bytes) -> pd.DataFrame:
-        """EventReader's rules, line by line: a bad line (not JSON, not an event) is skipped and counted."""
-        rows = []
-        for line in steps.splitlines():
-            if not line.strip():
-                continue
-            try:
-                event = orjson.loads(line)
-            except orjson.JSONDecodeError:
-                try:
-                    event = json.loads(line)
-                except ValueError:
-                    self.skipped_lines += 1
-                    continue
-            if isinstance(event, dict) and "kind" in event and isinstance(event.get("t", 0.0), (int, float)):
-                if event.get("kind") == "step":
-                    rows.append(event)
-            else:
-                self.skipped_lines += 1
-        return pd.DataFrame(rows)
-
-
-def _concat(chunks: list[pd.DataFrame]) -> pd.DataFrame:
-    """Chunks as one frame, each object column re-inferred as the list-of-dicts constructor infers it
-    (a column of strings in one chunk and absent in another is ``str`` there, ``object`` after a concat)."""
-    from pandas.core.internals.construction import convert_object_array
-
-    df = pd.concat(chunks, ignore_index=True, sort=False)
-    obj = [c for c in df.columns if df[c].dtype == object]
-    if obj:
-        for c, arr in zip(obj, convert_object_array([df[c].to_numpy(dtype=object) for c in obj], dtype=None)):
-            df[c] = arr
-    return df
-
-
-def _concat_columns(chunks: list[pd.DataFrame]) -> Optional[dict]:
-    """The chunks' columns concatenated as numpy arrays, when every chunk has the same columns and dtypes
-    (what ``_concat`` then gives too, without pandas' alignment); None otherwise.
-
-    Object and string columns are concatenated as objects and re-inferred as ``_concat`` does.
-    """
-    first = chunks[0]
-    names, dtypes = list(first.columns), list(first.dtypes)
-    for c in chunks[1:]:
-        if list(c.columns) != names or list(c.dtypes) != dtypes:
-            return None
-    out: dict = {}
-    obj = []
-    for i, (name, dtype) in enumerate(zip(names, dtypes)):
-        if isinstance(dtype, np.dtype) and dtype.kind in "iufb":
-            parts = [c.iloc[:, i].to_numpy() for c in chunks]
-            out[name] = parts[0] if len(parts) == 1 else np.concatenate(parts)
-        elif len(chunks) == 1:
-            out[name] = first.iloc[:, i].array
-        else:
-            obj.append(name)
-            out[name] = np.concatenate([c.iloc[:, i].to_numpy(dtype=object) for c in chunks])
-    if obj:
-        from pandas.core.internals.construction import convert_object_array
-
-        for name, arr in zip(obj, convert_object_array([out[n] for n in obj], dtype=None)):
-            out[name] = arr
-    return out
-
-
-def _t_sortable(cols: dict) -> bool:
-    t = cols.get("t")
-    return isinstance(t, np.ndarray) and t.dtype.kind in "if"
-
-
-def _in_t_order(cols: dict) -> dict:
-    """The columns' rows in stable ``t`` order, as ``_arrange``'s sort puts them (NaN last). Nothing is
-    moved when they already are in order (one file, or new rows after the held ones); across files
-    numpy's stable sort merges the files' sorted runs."""
-    t = cols["t"]
-    if len(t) < 2 or bool((t[1:] >= t[:-1]).all()):
-        return cols
-    order = np.argsort(t, kind="stable")
-    return {name: col.take(order) for name, col in cols.items()}
-
-
-_KIND_STEP = b'"kind": "step"'
-_KIND = b'"kind": "'
-
-
-def _step_lines(data: bytes) -> bytes:
-    """The lines that may be step events: all but those whose writer-formatted ``kind`` is another one.
-
-    A cheap byte test (``EventWriter`` writes ``"kind": "<kind>"``); a line
-    written otherwise is kept and decided after parsing. Dropping the other
-    kinds first also keeps their fields' types out of the step columns.
-    """
-    keep = [line for line in data.splitlines(keepends=True) if _KIND_STEP in line or _KIND not in line]
-    return b"".join(keep)
-
-
-def _arrow_chunk(data: bytes, lines: int, only_steps: bool) -> pd.DataFrame:
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    import pyarrow.json as pj
-
-    table = pj.read_json(io.BytesIO(data))  # 1 MiB blocks, parsed on all cores
-    if "kind" not in table.column_names or not pa.types.is_string(table.schema.field("kind").type):
-        raise ValueError("no string kind column")
-    if table.num_rows != lines:
-        raise ValueError("row count differs from the line count")  # blank lines, two objects on a line: per line
-    if "t" in table.column_names:
-        t = table.schema.field("t").type
-        if not (pa.types.is_integer(t) or pa.types.is_floating(t)) or table.column("t").null_count:
-            raise ValueError("t is not a number on every line")
-    if table.column("kind").null_count:
-        raise ValueError("a line without kind")
-    if "t" not in table.column_names:
-        raise ValueError("no t")
-    mask = pc.equal(table.column("kind"), "step")
-    table = table.drop_columns([n for n in _DROPPED if n in table.column_names]).filter(mask)
-    if not table.num_rows:
-        return pd.DataFrame()
-    cols, names = [], []
-    any_null = None
-    for name in table.column_names:
-        if name in _DROPPED:
-            continue
-        col = table.column(name).combine_chunks()
-        if col.null_count == len(col):
-            if not only_steps:
-                if any_null is None:
-                    any_null = b": null" in data
-                if any_null and f'"{name}": null'.encode() in data:
-                    raise ValueError(f"{name}: a line has it as null; which kind, only the bytes tell")
-                continue  # only lines of other kinds have it
-            if f'"{name}": '.encode() not in data:
-                continue  # no step line has it
-            values = np.empty(len(col), dtype=object)  # every step line has it, as null
-            cols.append(values)
-            names.append(name)
-            continue
-        cols.append(_to_numpy(col))
-        names.append(name)
-    from pandas.core.internals.construction import convert_object_array
-
-    converted = convert_object_array([c for c in cols if c.dtype == object], dtype=None)
-    it = iter(converted)
-    return pd.DataFrame({n: (next(it) if c.dtype == object else c) for n, c in zip(names, cols)}, copy=False)
-
-
-def _to_numpy(col) -> np.ndarray:
-    """A column as pandas' list-of-dicts constructor would see it: numbers/bools as arrays, the rest as objects.
-
-    A missing value is NaN, as it is for a key a dict lacks; nested values are Python lists.
-    """
-    import pyarrow as pa
-
-    t = col.type
-    if col.null_count == 0 and (pa.types.is_integer(t) or pa.types.is_floating(t) or pa.types.is_boolean(t)):
-        arr = col.to_numpy(zero_copy_only=False)
-        return arr.astype(np.int64, copy=False) if pa.types.is_integer(t) else arr
-    if pa.types.is_floating(t):
-        return col.to_numpy(zero_copy_only=False)
-    if pa.types.is_list(t) and col.null_count == 0:
-        values = _lists(col)
-    else:
-        values = col.to_pylist() if (pa.types.is_nested(t) or col.null_count) else col.to_numpy(zero_copy_only=False)
-    out = _objects(values)
-    if col.null_count:
-        out[np.asarray(col.is_null())] = np.nan
-    return out
-
-
-def _objects(values) -> np.ndarray:
-    """A 1-d object array holding each value as it is (a list stays one element). ``fromiter``, not
-    slice assignment, which first probes the values as a nested sequence: 0.4 against 2.1 ms for
-    50,000 lists of three ints."""
-    return np.fromiter(values, dtype=object, count=len(values))
-
-
-def _lists(col) -> list:
-    """A list column as Python lists, equal to ``to_pylist()`` (ints, floats, bools in each), without
-    a Python object per arrow scalar: the flat values go through numpy's ``tolist`` and are cut by the
-    offsets (measured: 31 ms for the benchmark's 50,000 ``batch_seed`` triples with ``to_pylist``)."""
-    import pyarrow as pa
-
-    flat = col.flatten()
-    vt = flat.type
-    if flat.null_count or not (pa.types.is_integer(vt) or pa.types.is_floating(vt) or pa.types.is_boolean(vt)):
-        return col.to_pylist()
-    items = flat.to_numpy(zero_copy_only=False)
-    if pa.types.is_integer(vt):
-        items = items.astype(np.int64, copy=False)
-    offsets = np.asarray(col.offsets)
-    offsets = offsets - offsets[0]
-    lens = np.diff(offsets)
-    if len(lens) and lens[0] > 0 and bool((lens == lens[0]).all()):
-        return items.reshape(len(lens), int(lens[0])).tolist()
-    items = items.tolist()
-    bounds = offsets.tolist()
-    return [items[a:b] for a, b in zip(bounds[:-1], bounds[1:])]

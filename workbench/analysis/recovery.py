@@ -60,7 +60,7 @@ import bisect
 import itertools
 import math
 from collections import defaultdict
-from typing import Callable, Iterator, Optional
+from typing import Any, Callable, Iterator, Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -300,7 +300,7 @@ def _lighthouse_recovery(f: dict, log: _Log) -> dict:
     """Lighthouse killed → seen down → restarted → training commits again."""
     tf = f["t"]
     lighthouse = log.kind("lighthouse")
-    row = dict.fromkeys(MILESTONES, NAN)
+    row: dict[str, Any] = dict.fromkeys(MILESTONES, NAN)
     row.update(
         t=tf,
         action=f["action"],
@@ -320,12 +320,13 @@ def _lighthouse_recovery(f: dict, log: _Log) -> dict:
     return row
 
 
-def recovery_timeline(events: list[dict]) -> pd.DataFrame:
+def recovery_timeline(events: Sequence[dict]) -> pd.DataFrame:
     """One row per fault in time order (a ``resume`` is not one): ``COLUMNS``; see the module docstring."""
     log = _Log(decided(events))
     rows = []
     for f in log.kind("fault").events:
-        kind = faultkinds.kind(f.get("action"))
+        action = f.get("action")
+        kind = faultkinds.kind(action) if isinstance(action, str) else None
         if kind is None:
             continue
         if kind.targets == "lighthouse":

@@ -2,10 +2,10 @@
 
 Why: a cold ``metrics()`` (a new kernel attaching to a run) otherwise parses
 every step line the run wrote. pyarrow's JSON reader is the fastest parser
-found for that (``metrics.py``), and its parse alone of the benchmark's
+found for that (``step_columns``), and its parse alone of the benchmark's
 50,003-event log is about 70 ms on this machine: no read of the log can pass
 about 700k rows/s. The controller already reads every byte the run writes, so
-it keeps a :class:`~workbench.analysis.StepColumns` of its own and writes what
+it keeps a :class:`~workbench.analysis.step_columns.StepColumns` of its own and writes what
 it holds, as columns, every ``PERIOD_S`` while step rows arrive and once when
 the run ends. A reader starts from the index and parses only the bytes
 appended after it.
@@ -40,7 +40,7 @@ from typing import Optional
 import numpy as np
 import pandas as pd
 
-from workbench.analysis.metrics import _objects, _to_numpy, gc_paused
+from workbench.analysis.step_parse import column_to_numpy, gc_paused, object_array
 
 log = logging.getLogger(__name__)
 
@@ -171,11 +171,11 @@ def _decode(table) -> pd.DataFrame:
         if enc == b"plain":
             out[field.name] = col.to_numpy(zero_copy_only=False)
         elif enc in (b"list", b"object-str"):  # as the log's parse reads them: lists, strings, NaN for a null
-            out[field.name] = _to_numpy(col)
+            out[field.name] = column_to_numpy(col)
         elif enc == b"str":
-            out[field.name] = pd.array(_to_numpy(col), dtype="str")
+            out[field.name] = pd.array(column_to_numpy(col), dtype="str")
         elif enc == b"json":
-            out[field.name] = _objects([np.nan if v is None else json.loads(v) for v in col.to_pylist()])
+            out[field.name] = object_array([np.nan if v is None else json.loads(v) for v in col.to_pylist()])
         else:
             raise ValueError(f"column {field.name}: unknown encoding {enc!r}")
     return pd.DataFrame(out, copy=False)

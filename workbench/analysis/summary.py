@@ -24,7 +24,7 @@ and then redone.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 import pandas as pd
@@ -36,7 +36,7 @@ from workbench.faults import kinds as faultkinds
 from workbench.state.fold import run_state_of
 
 
-def counts(events: list[dict]) -> dict:
+def counts(events: Sequence[dict]) -> dict:
     """Faults injected (a fault's undo, ``resume``, is not one), restarts and heals."""
     return {
         "faults": sum(1 for e in events if e.get("kind") == "fault" and e.get("action") != faultkinds.RESUME),
@@ -45,7 +45,7 @@ def counts(events: list[dict]) -> dict:
     }
 
 
-def survivor_steps(events: list[dict], metrics: Optional[pd.DataFrame] = None) -> tuple[int, int]:
+def survivor_steps(events: Sequence[dict], metrics: Optional[pd.DataFrame] = None) -> tuple[int, int]:
     """(lost, discarded) step counts over all survivors; see the module docstring.
 
     ``metrics``: this run's ``metrics_frame`` if the caller already has it.
@@ -64,7 +64,7 @@ def survivor_steps(events: list[dict], metrics: Optional[pd.DataFrame] = None) -
     return lost, discarded
 
 
-def summary(events: list[dict], spec, timeline: Optional[pd.DataFrame] = None) -> dict:
+def summary(events: Sequence[dict], spec, timeline: Optional[pd.DataFrame] = None) -> dict:
     """The run's headline figures (see the module docstring).
 
     ``timeline``: this run's ``recovery_timeline`` if the caller already has it.

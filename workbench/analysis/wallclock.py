@@ -261,14 +261,14 @@ class Replay:
         samples_per_step: int = 1,
         bin_s: Optional[float] = None,
     ) -> None:
-        ordered = sorted((e for e in events if _t(e) is not None), key=_t)
+        ordered = _in_time_order(events)
         self.run = RunState(replicas, steps)
         self.timeline = Timeline(self.run, samples_per_step)
-        for e in ordered:
+        for _, e in ordered:
             self.run.apply((e,))
             self.timeline.observe((e,), only_touched=True)
         self.start = self.run.t0 or 0.0
-        self.end = _t(ordered[-1]) if ordered else self.start
+        self.end = ordered[-1][0] if ordered else self.start
         span = max(self.end - self.start, 1e-9)
         self.bin_s = bin_s or max(1.0, span / 120.0)
 
@@ -290,16 +290,16 @@ class Replay:
 def fold_until(events: Iterable[dict], t: float, replicas: int, steps: int = 0) -> RunState:
     """A fresh fold of the events at or before ``t``, in time order."""
     run = RunState(replicas, steps)
-    run.apply(sorted((e for e in events if _t(e) is not None and _t(e) <= t), key=_t))
+    run.apply([e for te, e in _in_time_order(events) if te <= t])
     return run
 
 
 def useful_rate(events: Iterable[dict], samples_per_step: int, window_s: Optional[float] = None) -> dict:
     """Useful samples/s of a run: useful steps (:class:`UsefulSteps`) × samples, over the time from
     the first committed step (to ``window_s`` after it, or the last one)."""
-    steps = sorted((e for e in events if e.get("kind") == "step" and _t(e) is not None), key=_t)
+    steps = _in_time_order(e for e in events if e.get("kind") == "step")
     u = UsefulSteps()
-    ts = np.sort(np.array([x for e in steps for x in u.add(e, _t(e))], dtype=np.float64))
+    ts = np.sort(np.array([x for t, e in steps for x in u.add(e, t)], dtype=np.float64))
     if len(ts) < 2:
         return {"samples": 0, "seconds": 0.0, "rate": None}
     end = ts[0] + window_s if window_s else ts[-1]
@@ -318,3 +318,10 @@ def _weighted(values: np.ndarray, ts: np.ndarray, a: float, b: float) -> float:
 def _t(e: dict) -> Optional[float]:
     t = e.get("t")
     return float(t) if isinstance(t, (int, float)) and not isinstance(t, bool) else None
+
+
+def _in_time_order(events: Iterable[dict]) -> list[tuple[float, dict]]:
+    """(t, event) for each event with a numeric ``t``, in stable ``t`` order."""
+    timed = [(t, e) for e in events if (t := _t(e)) is not None]
+    timed.sort(key=lambda te: te[0])
+    return timed

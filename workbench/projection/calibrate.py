@@ -42,7 +42,8 @@ from workbench import analysis
 from workbench.analysis import breakeven
 from workbench.analysis.recovery import ends_process
 from workbench.projection import sources
-from workbench.projection.model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
+from workbench.projection.inputs import CheckpointRestart, DiLoCo, Elastic, Failures, Job, input_names
+from workbench.projection.model import Projection
 from workbench.trainers import trainer_kind
 
 
@@ -203,8 +204,6 @@ def project(
     that projection came from (``given``, ``measured`` or the published default). Without a
     ``device_mtbf_h`` the failure rate is Meta's published job MTTF at that many accelerators.
     """
-    from workbench.projection.model import Projection, input_names
-
     allowed = input_names()
     bad = sorted(set(inputs) - allowed - {f"diloco_{k}" for k in allowed})
     if bad:

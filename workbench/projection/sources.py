@@ -40,7 +40,8 @@ import math
 
 import numpy as np
 
-from workbench.projection.model import CheckpointRestart, DiLoCo, Elastic, Failures, Job, Projection
+from workbench.projection.inputs import CheckpointRestart, DiLoCo, Elastic, Failures, Job
+from workbench.projection.model import Projection
 
 HOUR = 3600.0
 DAY = 86400.0

@@ -1,6 +1,6 @@
 """``Run``: a notebook's handle on one run, built from its directory alone.
 
-A Run holds one :class:`~workbench.events.log.EventReader` (new bytes only) and
+A Run holds one :class:`~workbench.events.reader.EventReader` (new bytes only) and
 one :class:`~workbench.state.fold.RunState` fold of what it read; ``state()``,
 ``status()``, faults and ``stop()`` answer from the fold, and the pandas
 views from the events it holds. It holds no connection to the jobs, so a
@@ -25,7 +25,7 @@ import pandas as pd
 
 from workbench import analysis, cluster
 from workbench.errors import ControllerGone, SpecError
-from workbench.events.log import EventReader, to_frame
+from workbench.events.reader import EventReader, to_frame
 from workbench.faults import inject as faults
 from workbench.faults import kinds as faultkinds
 from workbench.run import detached, rundir
@@ -291,3 +291,8 @@ def attach(run_dir: Union[str, os.PathLike]) -> Run:
     if not rundir.is_run_dir(run_dir):
         raise SpecError(f"run_dir: {str(run_dir)!r} is not a run directory (no run.json)")
     return Run(run_dir)
+
+
+def as_run(run: Union[Run, str, os.PathLike]) -> Run:
+    """``run`` itself, or a Run attached to the run directory it names."""
+    return run if isinstance(run, Run) else attach(run)

@@ -20,10 +20,11 @@ from __future__ import annotations
 import os
 from typing import Union
 
+from workbench.analysis.compare import fault_steps
 from workbench.errors import SpecError
 from workbench.faults import kinds as faultkinds
 from workbench.run import rundir
-from workbench.run.handle import Run, submit
+from workbench.run.handle import Run, as_run, submit
 from workbench.spec.load import load_spec
 
 REPLAY_JSON = "replay.json"
@@ -37,8 +38,6 @@ def replay_name(name: str) -> str:
 
 def hand_injected_faults(run: Run) -> list[dict]:
     """The original's hand-injected faults as scheduled faults (``at_step``: the step they hit)."""
-    from workbench.analysis.compare import fault_steps
-
     out = []
     for f in fault_steps(run).itertuples():
         kind = faultkinds.kind(f.action)
@@ -55,8 +54,6 @@ def hand_injected_faults(run: Run) -> list[dict]:
 
 def replay_spec(run: Union[Run, str, os.PathLike], include_manual: bool = True) -> tuple[dict, list[dict]]:
     """The replay's spec (as a dict) and the hand-injected faults added to its schedule."""
-    from workbench.analysis.compare import as_run
-
     run = as_run(run)
     spec = dict(run.record["spec"])
     added = hand_injected_faults(run) if include_manual else []
@@ -71,8 +68,6 @@ def replay_spec(run: Union[Run, str, os.PathLike], include_manual: bool = True) 
 
 def replay(run_or_dir: Union[Run, str, os.PathLike], manual_faults: bool = True) -> Run:
     """Submit a new run with the original's resolved spec and faults; returns at once."""
-    from workbench.analysis.compare import as_run
-
     original = as_run(run_or_dir)
     spec, added = replay_spec(original, include_manual=manual_faults)
     new = submit(spec)

@@ -1,6 +1,6 @@
 """The run state's checkpoint ledger: the last durable checkpoint, and the saves that never committed.
 
-Folded from ``checkpoint`` events (part of ``runstate.RunState``): a writer
+Folded from ``checkpoint`` events (part of :class:`~workbench.state.fold.RunState`): a writer
 that announces each save (``state="started"``, ddp-restart) and reports its
 commit (``durable=True``, with ``path``) lets the fold say, per save:
 
@@ -71,7 +71,7 @@ class CheckpointLedger:
         out: dict = {"last_durable": None, "incomplete": [], "skipped": [], "writing": []}
         if self.last_durable is not None:
             path = self.last_durable.get("path")
-            out["last_durable"] = {**self.last_durable, "marker_present": bool(path) and os.path.exists(path)}
+            out["last_durable"] = {**self.last_durable, "marker_present": bool(path and os.path.exists(path))}
         for (replica, attempt, step), save in sorted(self.saves.items(), key=lambda kv: kv[1]["t"]):
             if save["durable"]:
                 continue

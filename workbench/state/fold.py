@@ -1,8 +1,8 @@
 """The run state: one incremental fold of the event log that everything reads.
 
-:class:`RunState` takes events in the order an :class:`~workbench.events.log.EventReader`
+:class:`RunState` takes events in the order an :class:`~workbench.events.reader.EventReader`
 returns them (``apply`` any number of times, each with only the new ones) and
-keeps, per replica group, a :class:`ReplicaView`: its state, current attempt,
+keeps, per replica group, a :class:`~workbench.state.replica.ReplicaView`: its state, current attempt,
 that attempt's process identity (PID, start time, host), Slurm job id and node,
 step, last heartbeat and loss. Also: the run's state, the controller's and the
 lighthouse's processes, the spares, and the counts the CLI prints. ``Run``,
@@ -10,108 +10,23 @@ lighthouse's processes, the spares, and the counts the CLI prints. ``Run``,
 targeting all read this one fold; nobody re-reads the log to answer "which
 process is replica r now".
 
-Replica states, from the events of one group:
-
-============== ================================================================
-pending        submitted (or planned), no ``start`` yet
-starting       ``start``/``phase`` of the current attempt, no step yet
-healing        a ``heal``, or a step with ``participating=false``, not yet
-               followed by a committed step
-participating  committed steps
-hung           a fault whose kind pauses the process (``hang``), or the
-               controller's ``hang`` event, and no progress since: no
-               ``resume``, the step has not advanced, ``seconds`` not passed
-dead           a fault whose kind ends the process, an ``exit`` with reason
-               ``error``, or a controller ``job`` event that ended unclean;
-               stays dead until a newer attempt starts (late events of the
-               dead attempt are ignored)
-finished       ``exit`` with reason ``completed``
-stopped        ``exit`` with reason ``stopped`` or ``preempted`` (a preemption
-               the workbench did not inject)
-============== ================================================================
+Each group's states, and the events that move it between them: :mod:`workbench.state.replica`.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-import time
-from typing import Callable, Iterable, Optional
+from typing import Callable, Iterable, Optional, Sequence
 
 from workbench.cluster.procs import Proc
 from workbench.faults import kinds as faultkinds
 from workbench.state.checkpoints import CheckpointLedger
+from workbench.state.event_fields import int_or_zero, well_formed
 from workbench.state.nodes import NodeMap, hit_by
+from workbench.state.replica import ReplicaView
 
-REPLICA_STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
 TERMINAL = ("completed", "failed", "stopped")
 MAX_REPLICAS = 4096
-
-
-@dataclasses.dataclass
-class ReplicaView:
-    """One replica group as the fold sees it."""
-
-    replica: int
-    state: str = "pending"
-    attempt: int = 0
-    proc: Optional[Proc] = None
-    job_id: Optional[str] = None
-    node: Optional[str] = None
-    step: Optional[int] = None
-    committed_step: int = 0
-    loss: Optional[float] = None
-    last_seen: Optional[float] = None
-    step_time_s: Optional[float] = None
-    tokens_per_s: Optional[float] = None
-    mem_gb: Optional[float] = None
-    hosts: list = dataclasses.field(default_factory=list)
-    restarts: int = 0
-    heals: int = 0
-    faults: int = 0  # injected into this group (a resume is none)
-    steps_lost: int = 0
-    diverged_at: Optional[int] = None  # the first step whose loss was NaN or infinite
-    dead_attempt: int = -1
-    hang: Optional[dict] = None
-    waiting: Optional[str] = None  # its last heartbeat said it waits for its peers ("sync"), no step since
-    waited_t: Optional[float] = None  # the last heartbeat that said so
-    impaired: Optional[dict] = None  # a fault that slows or cuts it off while it runs: kind, t, seconds
-    procs: dict = dataclasses.field(default_factory=dict)  # attempt -> Proc
-    jobs: dict = dataclasses.field(default_factory=dict)  # attempt -> job id
-    exited: set = dataclasses.field(default_factory=set)  # attempts that wrote exit or whose job ended
-    ended_jobs: set = dataclasses.field(default_factory=set)  # attempts whose job the controller saw end
-
-    def heartbeat_age(self, now: Optional[float] = None) -> Optional[float]:
-        if self.last_seen is None or self.state in ("dead", "finished", "stopped"):
-            return None
-        return max(0.0, (now if now is not None else time.time()) - self.last_seen)
-
-    def current_job(self) -> Optional[tuple[int, str]]:
-        """(attempt, job id) of the newest submitted attempt whose job has not ended."""
-        for a in sorted(self.jobs, reverse=True):
-            return None if a in self.ended_jobs else (a, self.jobs[a])
-        return None
-
-    def live_proc(self, attempt: Optional[int] = None) -> Optional[Proc]:
-        """The process of ``attempt`` (default: the current one) if it has not exited."""
-        a = self.attempt if attempt is None else attempt
-        return None if a in self.exited else self.procs.get(a)
-
-    def as_dict(self) -> dict:
-        return {
-            "state": self.state,
-            "impaired": self.impaired["kind"] if self.impaired else None,
-            "attempt": self.attempt,
-            "step": self.step or 0,
-            "pid": self.proc.pid if self.proc else None,
-            "host": self.proc.host if self.proc else None,
-            "job_id": self.job_id,
-            "node": self.node,
-            "t": self.last_seen,
-            "loss": self.loss,
-            "restarts": self.restarts,
-            "diverged_at": self.diverged_at,
-        }
 
 
 class RunState:
@@ -193,14 +108,11 @@ class RunState:
         v = self.view(e.get("replica"))
         if v is None:
             return None
-        attempt = _int(e.get("attempt"))
+        attempt = int_or_zero(e.get("attempt"))
         if attempt < v.attempt or attempt <= v.dead_attempt:
             return None
         if attempt > v.attempt:
-            v.attempt = attempt
-            v.hang = None
-            v.proc = v.procs.get(attempt)
-            v.job_id = v.jobs.get(attempt, v.job_id)
+            v.follow(attempt)
         return v
 
     def _on_start(self, e: dict, t: float) -> None:
@@ -211,17 +123,17 @@ class RunState:
         if e.get("spare") is not None and e.get("replica") is None:
             proc = Proc.from_event(e)
             if proc is not None:
-                self.spares[_int(e["spare"])] = proc
+                self.spares[int_or_zero(e["spare"])] = proc
             return
         v = self.view(e.get("replica"))
         if v is None:
             return
         proc = Proc.from_event(e)
         self.nodes.start(e, proc)
-        if _int(e.get("task")) > 0:  # another node's part of a group: placement only (workbench.state.nodes)
+        if int_or_zero(e.get("task")) > 0:  # another node's part of a group: placement only (workbench.state.nodes)
             return
         if proc is not None:
-            v.procs[_int(e.get("attempt"))] = proc
+            v.procs[int_or_zero(e.get("attempt"))] = proc
         v = self._own(e)
         if v is None:
             return
@@ -229,7 +141,7 @@ class RunState:
         v.state = "starting"
         v.last_seen = t
         v.node = e.get("node") or v.node
-        if e.get("job_id") and _int(e.get("attempt")) not in v.jobs:
+        if e.get("job_id") and int_or_zero(e.get("attempt")) not in v.jobs:
             v.jobs[v.attempt] = str(e["job_id"])
             v.job_id = v.jobs[v.attempt]
         host = e.get("node") or e.get("host")
@@ -240,7 +152,7 @@ class RunState:
         v = self.view(e.get("replica"))
         if v is None or e.get("job_id") is None:
             return
-        attempt = _int(e.get("attempt"))
+        attempt = int_or_zero(e.get("attempt"))
         v.jobs[attempt] = str(e["job_id"])
         if attempt == v.attempt:
             v.job_id = v.jobs[attempt]
@@ -252,7 +164,7 @@ class RunState:
             return
         v.restarts += 1
         if e.get("job_id") is not None:  # a spare took over: its job is the group's next attempt
-            v.jobs[_int(e.get("attempt"))] = str(e["job_id"])
+            v.jobs[int_or_zero(e.get("attempt"))] = str(e["job_id"])
 
     def _on_phase(self, e: dict, t: float) -> None:
         v = self._own(e)
@@ -261,26 +173,13 @@ class RunState:
             if v.state == "pending":
                 v.state = "starting"
             if e.get("phase") == "restored":
-                lost = max(0, (v.step or 0) - _int(e.get("from_step")))
+                lost = max(0, (v.step or 0) - int_or_zero(e.get("from_step")))
                 v.steps_lost += lost
                 self.restores.append({"event": e, "replica": v.replica, "lost": lost})
 
-    def _progress(self, v: ReplicaView, e: dict, t: float) -> bool:
-        """Record liveness; returns False while the group is hung."""
-        v.last_seen = t
-        step = e.get("step")
-        if v.hang is not None:
-            h = v.hang
-            advanced = isinstance(step, int) and h["step"] is not None and step > h["step"]
-            expired = h["seconds"] is not None and t >= h["t"] + h["seconds"]
-            if not (advanced or expired):
-                return False
-            v.hang = None
-        return True
-
     def _on_heartbeat(self, e: dict, t: float) -> None:
         v = self._own(e)
-        if v is None or not self._progress(v, e, t):
+        if v is None or not v.progressed(e.get("step"), t):
             return
         if v.state == "hung":
             v.state = "participating"
@@ -299,7 +198,7 @@ class RunState:
         if self.checkpoints.open:
             self.checkpoints.stepped(e)
         v = self._own(e)
-        if v is None or not self._progress(v, e, t):
+        if v is None or not v.progressed(e.get("step"), t):
             return
         v.waiting = None
         if isinstance(step, int):
@@ -332,13 +231,14 @@ class RunState:
             v.last_seen = t
 
     def _on_fault(self, e: dict, t: float) -> None:
-        action = e.get("action")
+        action = e.get("action")  # a str, or absent (``well_formed``)
+        k = faultkinds.kind(action) if isinstance(action, str) else None
         if action != faultkinds.RESUME:
             self.faults += 1
-        if hit_by(action, e.get("node")):  # every group with a part on the node, not only the target
-            self.nodes.fault(action, e["node"])
+        if k is not None and hit_by(k.name, e.get("node")):  # every group with a part on the node, not only the target
+            self.nodes.fault(k.name, e["node"])
             for r in self.nodes.groups_on(e["node"], self.attempts()):
-                self._ended(self.replicas[r], faultkinds.kind(action))
+                self.replicas[r].ended(k)
         elif action == faultkinds.RESUME and hit_by(e.get("resumed"), e.get("node")):
             self.nodes.resume(e["node"])
         v = self.view(e.get("target")) if e.get("target") != "lighthouse" else None
@@ -346,13 +246,12 @@ class RunState:
             return
         if action != faultkinds.RESUME:
             v.faults += 1
-        k = faultkinds.kind(action)
         if k is not None and k.host:
             self.host_faults[(action, v.replica)] = e
         elif action == faultkinds.RESUME:
             self.host_faults.pop((e.get("resumed"), v.replica), None)
         if k is not None and k.ends_process:
-            self._ended(v, k)
+            v.ended(k)
         elif k is not None and k.pauses_process:
             v.state = k.state_after or "hung"
             v.hang = {"t": t, "step": v.step, "seconds": e.get("seconds")}
@@ -364,12 +263,6 @@ class RunState:
             if v.state == "hung":
                 v.hang = None
                 v.state = "participating"
-
-    @staticmethod
-    def _ended(v: ReplicaView, k) -> None:
-        v.state = k.state_after or "dead"
-        v.dead_attempt = max(v.dead_attempt, v.attempt)
-        v.hang = None
 
     def _on_node_health(self, e: dict, t: float) -> None:
         self.nodes.sampled(e)
@@ -388,7 +281,7 @@ class RunState:
             return
         v = self.view(e.get("replica"))
         if v is not None:
-            v.exited.add(_int(e.get("attempt")))
+            v.exited.add(int_or_zero(e.get("attempt")))
         v = self._own(e)
         if v is None:
             return
@@ -406,7 +299,7 @@ class RunState:
         v = self.view(e.get("replica"))
         if v is None or e.get("state") != "ended":
             return
-        attempt = _int(e.get("attempt"))
+        attempt = int_or_zero(e.get("attempt"))
         v.exited.add(attempt)
         v.ended_jobs.add(attempt)
         if not e.get("clean", True) and attempt >= v.attempt and v.state not in ("finished", "stopped"):
@@ -462,19 +355,6 @@ class RunState:
         return self.checkpoints.status(self.replicas)
 
 
-_FIELD_TYPES = {  # a field that is present must have one of these types (None: absent is fine)
-    "replica": (int, type(None)),
-    "attempt": (int, type(None)),
-    "step": (int, type(None)),
-    "action": (str,),
-    "target": (int, str, type(None)),
-    "state": (str, type(None)),
-    "reason": (str, type(None)),
-    "job_id": (str, int, type(None)),
-    "spare": (int, type(None)),
-}
-
-
 _HANDLERS = {name[4:]: fn for name, fn in vars(RunState).items() if name.startswith("_on_")}
 _CHECKS_INLINE = frozenset({"step", "heartbeat"})  # the hot kinds, whose handlers check each field they use
 
@@ -487,7 +367,7 @@ def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
     return "starting" if started else "pending"
 
 
-def run_state_of(events: list[dict]) -> str:
+def run_state_of(events: Sequence[dict]) -> str:
     """The run's state from a list of events, as the fold would say it."""
     ends = [e for e in events if e.get("kind") == "run_end"]
     return run_state(
@@ -495,17 +375,3 @@ def run_state_of(events: list[dict]) -> str:
         any(e.get("kind") == "start" for e in events),
         any(e.get("kind") == "step" for e in events),
     )
-
-
-def well_formed(e: dict) -> bool:
-    """The fields the fold reads have the types the writers write (bool is no int here)."""
-    for key, types in _FIELD_TYPES.items():
-        if key in e:
-            v = e[key]
-            if isinstance(v, bool) or not isinstance(v, types):
-                return False
-    return True
-
-
-def _int(x) -> int:
-    return x if isinstance(x, int) and not isinstance(x, bool) else 0

@@ -63,10 +63,11 @@ class NodeMap:
         node, replica = e.get("node"), e.get("replica")
         if not isinstance(node, str) or not isinstance(replica, int) or isinstance(replica, bool):
             return
-        attempt = e.get("attempt") if isinstance(e.get("attempt"), int) else 0
-        task = e.get("task") if isinstance(e.get("task"), int) else 0
-        address = e.get("address") if isinstance(e.get("address"), str) else None
-        pid = e.get("pid") if isinstance(e.get("pid"), int) else None
+        attempt, task, address, pid = e.get("attempt"), e.get("task"), e.get("address"), e.get("pid")
+        attempt = attempt if isinstance(attempt, int) else 0
+        task = task if isinstance(task, int) else 0
+        address = address if isinstance(address, str) else None
+        pid = pid if isinstance(pid, int) else None
         self.parts[(replica, attempt, task)] = Part(replica, attempt, task, node, address, pid, proc)
         view = self.node(node)
         view.address = address or view.address
