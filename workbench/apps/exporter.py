@@ -42,7 +42,7 @@ from prometheus_client.registry import Collector
 
 from workbench import analysis
 from workbench.run.handle import Run
-from workbench.state.fold import REPLICA_STATES
+from workbench.state.replica import REPLICA_STATES
 
 RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost")
 LIVE = ("starting", "participating", "healing")

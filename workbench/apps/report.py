@@ -96,7 +96,7 @@ def write_report(path_or_run) -> Path:
     """Write ``report.html`` into the run (or sweep) directory and return its path."""
     target = Path(getattr(path_or_run, "run_dir", path_or_run))
     if (target / "sweep.json").exists():
-        from workbench.analysis.compare import sweep_report_html
+        from workbench.analysis.compare_figures import sweep_report_html
         from workbench.experiments.sweep import attach_sweep
 
         text = sweep_report_html(attach_sweep(target))

@@ -27,9 +27,9 @@ import ipywidgets as w
 import pandas as pd
 import plotly.graph_objects as go
 
-from workbench.analysis import compare
+from workbench.analysis import compare, compare_figures
 from workbench.analysis.figures import readable
-from workbench.run.handle import ENDED, Run
+from workbench.run.handle import ENDED, Run, as_run
 from workbench.widgets.plot import plot_bundle
 from workbench.widgets.updater import Updater, active
 
@@ -68,7 +68,7 @@ class ComparisonWidget(w.VBox):
         from workbench.experiments.sweep import Sweep
 
         self.sweep: Optional[Sweep] = source if isinstance(source, Sweep) else None
-        self._runs = None if self.sweep is not None else [compare.as_run(r) for r in source]
+        self._runs = None if self.sweep is not None else [as_run(r) for r in source]
         if self.sweep is not None:
             self.key = str(self.sweep.sweep_dir)
             self.color_by = color_by or (self.sweep.params[0] if self.sweep.params else None)
@@ -153,7 +153,7 @@ class ComparisonWidget(w.VBox):
             return table
 
     def _draw_curves(self, entries: list[tuple[str, Run, Any]]) -> None:
-        colors = compare.colors_for([v for _, _, v in entries]) if entries else []
+        colors = compare_figures.colors_for([v for _, _, v in entries]) if entries else []
         fig = self.figure
         changed = not self.plot_output.outputs
         for (label, run, _), color in zip(entries, colors):

@@ -36,12 +36,17 @@ How this one avoids both:
 
 from __future__ import annotations
 
+import base64
 import copy
+import json
 import threading
 from pathlib import Path
 from typing import Optional
 
 import anywidget
+import numpy as np
+import plotly.graph_objects as go
+import plotly.io as pio
 import traitlets
 
 from workbench.widgets.appendplot import apply, drawn, full_message
@@ -54,6 +59,20 @@ def _plotly_source() -> str:
     import plotly
 
     return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
+
+
+def live_spec(fig: go.Figure) -> dict:
+    """The LivePlot ``spec`` of a template figure: its layout and its traces' styles, no points."""
+    spec = json.loads(pio.to_json(fig, validate=False))
+    traces = [{k: v for k, v in t.items() if k not in ("x", "y", "customdata", "text")} for t in spec["data"]]
+    return {"layout": spec["layout"], "traces": traces, "config": {"displaylogo": False, "responsive": True}}
+
+
+def plain(v):
+    """A plotly JSON array as a list (plotly's JSON writes numeric arrays as base64 ``bdata``)."""
+    if isinstance(v, dict) and "bdata" in v:
+        return np.frombuffer(base64.b64decode(v["bdata"]), dtype=v["dtype"]).tolist()
+    return v
 
 
 class PlotlyLib(anywidget.AnyWidget):

@@ -6,7 +6,8 @@ a ``Run`` shares that run's fold and reader. :class:`DashboardState` adds
 only what is presentation: the loss series of each replica group, the plot
 markers (faults, heals, durable checkpoints, restores), the quorum history,
 checkpoints, peer-heal transfers and a tail of notable events. The
-presentation layer (``dashboard.py``) only renders these; tests drive this
+presentation layer (``dashboard.py`` and the ``panels``, ``lossplot``
+and ``clockview`` it composes) only renders these; tests drive this
 class with events written by a real ``EventWriter``.
 """
 
@@ -21,7 +22,8 @@ import numpy as np
 
 from workbench.controller import nodehealth
 from workbench.faults import kinds as faultkinds
-from workbench.state.fold import REPLICA_STATES, ReplicaView, RunState
+from workbench.state.fold import RunState
+from workbench.state.replica import REPLICA_STATES, ReplicaView
 
 Tile = ReplicaView
 

@@ -1,0 +1,7 @@
+"""``python -m workbench.apps.cli``: the ``workbench`` console script."""
+
+import sys
+
+from workbench.apps.cli import main
+
+sys.exit(main())

@@ -1,0 +1,163 @@
+"""``workbench sweep|matrix|drill|ls``: many runs at once, and what is under the run root.
+
+``sweep`` turns ``key=v1,v2`` overrides into a grid (:func:`split_values` splits
+on commas outside brackets, braces and quotes, so a list value stays one
+value); ``matrix`` crosses fault kinds, trainers and backends with N trials
+each; ``drill`` probes what this Slurm does to jobs; ``ls`` lists runs and
+sweeps. The experiments themselves live in :mod:`workbench.experiments` and
+:mod:`workbench.cluster.slurm.drill`, imported when their command runs.
+"""
+
+from __future__ import annotations
+
+import json
+
+from workbench.apps.cli.runs import follow
+from workbench.errors import SpecError
+
+
+def split_values(raw: str) -> list[str]:
+    """``500,1000`` -> ``["500", "1000"]``; commas inside brackets, braces or quotes do not split."""
+    parts, depth, quote, cur = [], 0, None, ""
+    for ch in raw:
+        if quote:
+            quote = None if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+        elif ch == "," and depth == 0:
+            parts.append(cur)
+            cur = ""
+            continue
+        cur += ch
+    return parts + [cur]
+
+
+def cmd_sweep(args) -> int:
+    from workbench.experiments.sweep import sweep
+    from workbench.spec.load import parse_override
+
+    fixed, grid = {}, {}
+    for item in args.overrides:
+        key, _, raw = item.partition("=")
+        values = [parse_override(f"{key}={v}")[1] for v in split_values(raw)] if "=" in item else None
+        if values is None:
+            parse_override(item)  # raises the usual "expected key=value"
+        elif len(values) == 1:
+            fixed[key.strip()] = values[0]
+        else:
+            grid[key.strip()] = values
+    if not grid:
+        raise SpecError("sweep: no key with several values; give e.g. lighthouse.heartbeat_timeout_ms=500,1000,5000")
+    sw = sweep(args.config, fixed, grid=grid, max_parallel=args.max_parallel)
+    print(sw.sweep_dir, flush=True)
+    if not follow(sw, args.detach):
+        return 0
+    table = sw.table()
+    print(table.drop(columns=["run_dir"], errors="ignore").to_string(index=False))
+    return 0 if (table["state"] == "completed").all() else 1
+
+
+def cmd_matrix(args) -> int:
+    from workbench.experiments.matrix import OUTCOMES, matrix
+
+    window = None
+    if args.window:
+        lo, _, hi = args.window.partition(":")
+        try:
+            window = (int(lo), int(hi))
+        except ValueError:
+            raise SpecError(f"window: expected FIRST:LAST steps such as 5:15, got {args.window!r}") from None
+    mx = matrix(
+        args.config,
+        args.overrides,
+        faults=args.faults,
+        trainers=args.trainers,
+        backends=args.backends,
+        trials=args.trials,
+        window=window,
+        seed=args.seed,
+        seconds=args.seconds,
+        max_parallel=args.max_parallel,
+    )
+    print(mx.matrix_dir, flush=True)
+    if not follow(mx.sweep, args.detach):
+        return 0
+    table = mx.table()
+    cols = [
+        "fault",
+        "trainer",
+        "backend",
+        "status",
+        "trials",
+        *OUTCOMES,
+        "rate",
+        "ci_low",
+        "ci_high",
+        *[c for c in table.columns if c.endswith("_median_s") or c.endswith("_p95_s")],
+    ]
+    print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
+    return 0
+
+
+def cmd_drill(args) -> int:
+    from workbench.cluster.slurm.drill import drill
+
+    table = drill(partition=args.partition, timeout_s=args.timeout)
+    print(table.to_string(index=False))
+    return 0
+
+
+def cmd_ls(args) -> int:
+    import os
+
+    from workbench.experiments.sweep import attach_sweep, list_sweeps
+    from workbench.run.listing import runs_listing
+
+    root = args.run_root or os.environ.get("WORKBENCH_RUN_ROOT", "runs")
+    runs = runs_listing(root)
+    sweeps = []
+    for d in list_sweeps(root):
+        sw = attach_sweep(d)
+        states = sw.point_states()
+        sweeps.append(
+            {
+                "sweep_id": sw.id,
+                "state": sw.state(),
+                "points": len(states),
+                "keys": ",".join(sw.params),
+                **{s: states.count(s) for s in sorted(set(states))},
+                "sweep_dir": str(sw.sweep_dir),
+            }
+        )
+    if args.json:
+        print(json.dumps({"runs": runs.to_dict(orient="records"), "sweeps": sweeps}, default=str))
+        return 0
+
+    def age(s):
+        return (
+            ""
+            if s is None or s != s
+            else f"{s / 60:.0f}m"
+            if s < 7200
+            else f"{s / 3600:.0f}h"
+            if s < 172800
+            else f"{s / 86400:.0f}d"
+        )
+
+    if runs.empty:
+        print(f"no runs under {root}")
+    else:
+        runs = runs.assign(
+            steps=runs["step"].astype(str) + "/" + runs["steps_target"].astype(str), age=runs["age_s"].map(age)
+        )
+        print(runs[["run_id", "state", "trainer", "steps", "faults", "restarts", "age"]].to_string(index=False))
+    for sw in sweeps:
+        counts = " ".join(
+            f"{k}={v}" for k, v in sw.items() if k not in ("sweep_id", "state", "points", "keys", "sweep_dir")
+        )
+        print(f"sweep {sw['sweep_id']}: {sw['state']}  {sw['points']} points over {sw['keys']}  {counts}")
+    return 0

@@ -1,0 +1,86 @@
+"""``workbench serve-metrics|report|classroom``: a run shown outside the notebook.
+
+Prometheus scrapes (and OTLP pushes) through :mod:`workbench.apps.exporter`,
+a self-contained HTML page through :mod:`workbench.apps.report`, the live
+dashboard as a page with no code through :mod:`workbench.apps.classroom`;
+each is imported when its command runs.
+"""
+
+from __future__ import annotations
+
+import sys
+
+from workbench.run.handle import attach, submit
+
+
+def cmd_serve_metrics(args) -> int:
+    """Serve the run's metrics for Prometheus until SIGINT/SIGTERM."""
+    import signal
+    import threading
+
+    from workbench.apps import exporter
+
+    if not 0 <= args.port <= 65535:
+        raise ValueError(f"--port: {args.port}; allowed: 0-65535 (0: any free port)")
+    if args.otlp and not args.otlp.startswith(("http://", "https://")):
+        raise ValueError(f"--otlp: {args.otlp!r}; allowed: an OTLP/HTTP metrics URL (http://HOST:4318/v1/metrics)")
+    if not 0.1 <= args.otlp_every <= 3600:
+        raise ValueError(f"--otlp-every: {args.otlp_every}; allowed: 0.1-3600 seconds")
+    run = attach(args.run)
+    collector = exporter.RunCollector(run)
+    try:
+        server, _ = exporter.serve(collector, args.port, args.addr)
+    except OSError as e:
+        raise ValueError(f"--port: cannot listen on {args.addr}:{args.port} ({e.strerror or e})") from None
+    provider = None
+    if args.otlp:
+        from opentelemetry.exporter.otlp.proto.http.metric_exporter import OTLPMetricExporter
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+
+        reader = PeriodicExportingMetricReader(
+            OTLPMetricExporter(endpoint=args.otlp), export_interval_millis=args.otlp_every * 1000
+        )
+        provider = exporter.otel_meter_provider(collector, [reader])
+    done = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: done.set())
+    print(
+        f"serving metrics of {run.id} on http://{args.addr}:{server.server_port}/metrics"
+        + (f"; pushing OTLP to {args.otlp} every {args.otlp_every:g} s" if args.otlp else ""),
+        flush=True,
+    )
+    done.wait()
+    server.shutdown()
+    if provider is not None:
+        provider.shutdown()
+    return 0
+
+
+def cmd_report(args) -> int:
+    from workbench.apps.report import write_report
+
+    print(write_report(args.run))
+    return 0
+
+
+def cmd_classroom(args) -> int:
+    from workbench.apps.classroom import ClassroomError, require_port, run_for, serve
+
+    run = None
+    try:
+        if args.config:
+            if args.run:
+                raise ClassroomError("RUN and --config: give one (--config submits a new run and serves it)")
+            require_port(args.port)
+            run = submit(args.config, args.overrides)
+            args.run = str(run.run_dir)
+            print(f"classroom: submitted {run.run_dir}", flush=True)
+        timer = run_for(run, args.stop_after) if run is not None else None
+        try:
+            return serve(args.run, root=args.run_root, port=args.port, faults=args.faults)
+        finally:
+            if timer is not None:
+                timer.cancel()
+    except ClassroomError as e:
+        print(f"workbench classroom: {e}", file=sys.stderr)
+        return 2
