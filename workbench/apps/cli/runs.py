@@ -149,8 +149,7 @@ def cmd_summary(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    from workbench.analysis.compare_figures import replay_comparison
-    from workbench.run.handle import attach
+    from workbench.analysis.compare_figures import replay_comparison  # plotly, only for this command
     from workbench.run.replay import replay
 
     run = replay(args.run)
