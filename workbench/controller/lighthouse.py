@@ -6,6 +6,8 @@ for ``heartbeat_timeout_ms``, which is what bounds a survivor's stall after a
 kill. It runs as ``torchft_lighthouse`` (not in-process) so that killing it is
 a fault like any other, and so it can be restarted on the same address: the
 replicas' Managers keep retrying (``TORCHFT_QUORUM_RETRIES``) and reconnect.
+:class:`LighthouseSupervisor` is that supervision: the controller ticks it,
+and it restarts a dead lighthouse without ever blocking the loop.
 """
 
 from __future__ import annotations
@@ -16,6 +18,16 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any, Optional
+
+from workbench.cluster import procs
+from workbench.events.writer import EventWriter
+from workbench.run import rundir
+from workbench.trainers.torchft import quorum_epochs
+
+START_S = 30.0  # a restart that does not listen within this has failed
+RETRIES = 8  # failed restarts in a row before the run fails
+BACKOFF_S = 0.5  # after the first failed restart; doubling, at most 10 s
 
 
 def free_port(host: str = "127.0.0.1") -> int:
@@ -107,3 +119,80 @@ class Lighthouse:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
+
+
+class LighthouseSupervisor:
+    """Keeps the run's lighthouse up, and says so: a ``lighthouse`` event (``up``, ``down``) for each change."""
+
+    def __init__(self, lighthouse: Lighthouse, run_dir: Path, writer: EventWriter) -> None:
+        self.lighthouse = lighthouse
+        self.run_dir = run_dir
+        self.writer = writer
+        self.down_t: Optional[float] = None
+        self.next_try = 0.0
+        self.pending: Optional[float] = None  # launched, not listening yet: give up at this time
+        self.failures = 0
+        self.launched_t: Optional[float] = None
+
+    @property
+    def address(self) -> str:
+        return self.lighthouse.address
+
+    def start(self) -> None:
+        """The run's first start: blocks until it listens."""
+        self._write_epoch()
+        self.lighthouse.start()
+        self._event("up")
+
+    def supervise(self) -> None:
+        """Restart a dead lighthouse on the same address, without ever blocking the loop: launch,
+        then check each tick whether it listens. A start that fails (its port was taken meanwhile,
+        say) is retried with exponential backoff, ``RETRIES`` times, then the run fails."""
+        lh, now = self.lighthouse, time.time()
+        if self.pending is not None:
+            try:
+                if lh.ready():
+                    self.pending, self.down_t, self.failures = None, None, 0
+                    self._event("up", restarted=True, launched_t=self.launched_t)
+                    return
+                if now < self.pending:
+                    return
+                error = f"did not listen within {START_S:.0f} s"
+            except RuntimeError as e:
+                error = str(e)
+            lh.stop()
+            self.pending = None
+            self.failures += 1
+            if self.failures > RETRIES:
+                raise RuntimeError(f"lighthouse: {self.failures} restarts failed, the last: {error}")
+            backoff = min(BACKOFF_S * 2 ** (self.failures - 1), 10.0)
+            self.next_try = now + backoff
+            self.writer.emit(
+                "warning", message=f"lighthouse restart {self.failures} failed ({error}); retrying in {backoff:.1f} s"
+            )
+            return
+        if lh.alive():
+            return
+        if self.down_t is None:
+            self.down_t = now
+            self.next_try = now + lh.spec.lighthouse.restart_delay_s
+            self._event("down", returncode=lh.proc.returncode)
+        if now < self.next_try:
+            return
+        self._write_epoch()
+        lh.launch()
+        self.launched_t = time.time()
+        self.pending = now + START_S
+
+    def stop(self) -> None:
+        self.lighthouse.stop()
+        self._event("down")
+
+    def _event(self, state: str, **fields: Any) -> None:
+        lh = self.lighthouse
+        identity = procs.identity(lh.pid) if state == "up" else {"pid": lh.pid}
+        self.writer.emit("lighthouse", state=state, address=lh.address, **identity, **fields)
+
+    def _write_epoch(self) -> None:
+        """Before each (re)start: see trainers/torchft/quorum_epochs.py for why replicas need it."""
+        rundir.write_json_text(quorum_epochs.epoch_path(self.run_dir), str(self.lighthouse.starts))

@@ -54,7 +54,7 @@ class _Gpu:
     def __init__(self) -> None:
         self.read = None
         try:
-            import pynvml
+            import pynvml  # optional (nvidia-ml-py): where it is not installed, no GPU fields
 
             pynvml.nvmlInit()
             handles = [pynvml.nvmlDeviceGetHandleByIndex(i) for i in range(pynvml.nvmlDeviceGetCount())]
@@ -70,7 +70,7 @@ class _Gpu:
         except Exception:
             pass
         try:
-            import amdsmi
+            import amdsmi  # optional (AMD's SMI library): likewise
 
             amdsmi.amdsmi_init()
             handles = amdsmi.amdsmi_get_processor_handles()
