@@ -5,28 +5,23 @@ save of the small models here takes milliseconds, shorter than any poll, so
 the protocol makes the window an event-driven handshake instead of a race:
 
 1. ``faults.inject`` (a notebook, the CLI, the controller's schedule) *arms*
-   it: writes ``<run_dir>/armed/<trigger>-r<target>.json`` and records an
-   ``armed`` event (action, target, origin). Nothing is signalled yet.
-2. The target's checkpoint writer, at the start of each save, looks for
-   the arm file (:func:`is_armed`) and emits ``checkpoint state=started``
-   with ``held=True`` if it was there; it writes its temporary file and, only
-   for a held save, waits before the commit (the rename), as a save to slow
-   storage would, for at most :data:`HOLD_S` (:func:`hold_while_armed`; a
-   test aid that only an armed run ever meets).
+   it (:func:`arm`): writes the arm file, ``<run_dir>/armed/<trigger>-r<target>.json``
+   (:func:`.arm_file.arm_path`), and records an ``armed`` event (action,
+   target, origin). Nothing is signalled yet.
+2. The target's checkpoint writer, at the start of each save, finds the arm
+   file, emits ``checkpoint state=started`` with ``held=True``, and holds the
+   save before its commit (the rename) while the file is there, for at most
+   :data:`.arm_file.HOLD_S`. That is the trainer's side, :mod:`.arm_file`
+   (the only part the trainers import), which also says why the writer, not
+   the controller, decides which save it holds.
 3. The run controller (:class:`Triggers`) pairs the ``armed`` event with a
    ``started`` event marked ``held``, in whichever order it reads the two,
    and injects the kind for real (the backend's SIGKILL, with
-   ``checkpoint_step``), then removes the arm file: the next attempt saves
-   normally.
+   ``checkpoint_step``), then removes the arm file (:func:`disarm`): the next
+   attempt saves normally.
 
 So the kill lands between the save's start and its commit marker, and the
-restart finds the temporary file and the previous durable checkpoint. The
-writer decides, and says, which save it holds: an arm that appears while a
-save is already under way waits for the next save. (Deciding on both sides
-by timestamps raced: an arm written mid-save made the writer hold a save the
-controller would not kill, for the full :data:`HOLD_S`, which outlasted
-gloo's 30 s collective timeout on the writer's peers: measured on a loaded
-2-core machine, the attempt died of that timeout and the kill hit the next one.)
+restart finds the temporary file and the previous durable checkpoint.
 
 ``kill_in_allreduce`` is the same handshake around a collective: the group's
 process, about to join an all-reduce across groups (the first one of a sync
@@ -34,26 +29,17 @@ or of a step), finds the arm file, emits ``held`` (``trigger="allreduce"``)
 and waits there, so its peers enter the all-reduce and wait for it inside;
 the controller's SIGKILL then lands with every peer blocked on the dead
 group, the case that costs a whole ``pg_timeout_ms`` (docs/classroom.md).
-A hold that ends without the kill (disarmed, or :data:`HOLD_S` passed) says
-``held`` with ``released=True``.
+A hold that ends without the kill (disarmed, or :data:`.arm_file.HOLD_S`
+passed) says ``held`` with ``released=True``.
 """
 
 from __future__ import annotations
 
 import json
-import time
-from pathlib import Path
 from typing import Optional
 
+from workbench.faults.arm_file import arm_path
 from workbench.run.rundir import write_json_text
-
-ARMED_DIR = "armed"
-HOLD_S = 30.0
-POLL_S = 0.05
-
-
-def arm_path(run_dir, trigger: str, replica: int) -> Path:
-    return Path(run_dir) / ARMED_DIR / f"{trigger}-r{int(replica)}.json"
 
 
 def arm(run_dir, trigger: str, replica: int, record: dict) -> None:
@@ -64,20 +50,6 @@ def arm(run_dir, trigger: str, replica: int, record: dict) -> None:
 
 def disarm(run_dir, trigger: str, replica: int) -> None:
     arm_path(run_dir, trigger, replica).unlink(missing_ok=True)
-
-
-def is_armed(run_dir, trigger: str, replica: int) -> bool:
-    """In the trainer, at the start of a save: hold this one (say so with ``held=True`` on ``started``)."""
-    return arm_path(run_dir, trigger, replica).exists()
-
-
-def hold_while_armed(run_dir, trigger: str, replica: int, limit_s: float = HOLD_S) -> float:
-    """In the trainer, inside a held save: wait while the arm file is there (the controller kills or disarms)."""
-    path = arm_path(run_dir, trigger, replica)
-    t0 = time.monotonic()
-    while path.exists() and time.monotonic() - t0 < limit_s:
-        time.sleep(POLL_S)
-    return time.monotonic() - t0
 
 
 class Triggers:
@@ -91,8 +63,10 @@ class Triggers:
     """
 
     def __init__(self) -> None:
-        self.armed: dict[tuple[str, int], dict] = {}  # (trigger, target) -> its armed event
-        self.held: dict[tuple[str, int], dict] = {}  # (trigger, replica) -> the event that holds, not yet released
+        # Keyed by (trigger, target): an arm by its target, a trigger event by its replica. A ``held``
+        # event names its trigger; one that does not (None) pairs with nothing.
+        self.armed: dict[tuple[Optional[str], int], dict] = {}  # its armed event
+        self.held: dict[tuple[Optional[str], int], dict] = {}  # the event that holds, not yet released
 
     def observe(self, e: dict) -> Optional[tuple[dict, dict]]:
         """(armed event, trigger event) when ``e`` completes a pair, else None."""

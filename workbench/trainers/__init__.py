@@ -14,20 +14,11 @@ imports no trainer and no torch.
 
 from __future__ import annotations
 
-import importlib
-from typing import Callable
-
-from workbench.trainers.base import JobContext, job_entrypoint
+from workbench.trainers.base import JobContext, job_entrypoint, load
 from workbench.trainers.registry import KINDS, TrainerKind, UnknownTrainer, trainer_kind, trainer_names
 
 REGISTRY: dict[str, str] = {k.name: k.module for k in KINDS}
 ELASTIC = frozenset(k.name for k in KINDS if k.elastic)
-
-
-def load(name: str) -> Callable[[JobContext], None]:
-    """The ``run`` function of the trainer called ``name``."""
-    return importlib.import_module(trainer_kind(name).module).run
-
 
 __all__ = [
     "JobContext",

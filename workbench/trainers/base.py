@@ -3,10 +3,16 @@
 from __future__ import annotations
 
 import dataclasses
+import importlib
+import json
 import os
-from typing import Optional
+import time
+from pathlib import Path
+from typing import Callable, Optional
 
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
+from workbench.trainers.placement import node_address
+from workbench.trainers.registry import trainer_kind
 
 
 @dataclasses.dataclass
@@ -44,10 +50,6 @@ class JobContext:
         The controller writes ``spares/<id>.json`` (``{"replica": r, "attempt": a}``)
         atomically; the spare then becomes that group's next attempt.
         """
-        import json
-        import time
-        from pathlib import Path
-
         path = Path(self.run_dir) / "spares" / f"{self.spare_id}.json"
         while not stop():
             try:
@@ -65,24 +67,15 @@ class JobContext:
         node = os.environ.get("SLURMD_NODENAME")
         if self.loopback_only or not node:
             return "127.0.0.1"
-        from workbench.cluster.slurm.client import node_address
-
         return node_address(node)
 
-    @staticmethod
-    def placement() -> dict:
-        """Where this job landed: the node and scheduler job id, for the health grid."""
-        import socket
 
-        return {
-            "node": os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
-            "job_id": os.environ.get("SLURM_JOB_ID") or os.environ.get("SUBMITIT_LOCAL_JOB_ID"),
-        }
+def load(name: str) -> Callable[[JobContext], None]:
+    """The ``run`` function of the trainer called ``name``."""
+    return importlib.import_module(trainer_kind(name).module).run
 
 
 def job_entrypoint(ctx: JobContext) -> None:
     """The function submitit pickles: set the environment, then run the trainer."""
     os.environ.update({k: str(v) for k, v in ctx.env.items()})
-    from workbench.trainers import load
-
     load(ctx.spec["trainer"])(ctx)

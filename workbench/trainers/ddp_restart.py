@@ -1,6 +1,6 @@
 """ddp-restart: the checkpoint-restart baseline for torchft-lite.
 
-The same model, data and batch as torchft-lite (:mod:`.tiny_decoder`'s
+The same model, data and batch as torchft-lite (:mod:`.lite.model`'s
 ``build_model`` and ``make_batch``, with ``replica`` = worker rank), trained the way a job without torchft is:
 plain ``torch.nn.parallel.DistributedDataParallel`` over gloo, ``replicas``
 worker processes inside ONE job, and periodic checkpoints. A fault anywhere
@@ -30,7 +30,7 @@ Protocol inside the job:
   fsync the directory, then emit ``checkpoint`` with ``durable=True``. A name
   without the dot and suffix is therefore complete (:data:`CHECKPOINTS`). A save
   that finds an armed ``kill_during_checkpoint`` says ``held=True`` and holds
-  before the rename (``workbench.faults.armed``).
+  before the rename (``workbench.faults.armed``; this side: ``workbench.faults.arm_file``).
 - On start every worker loads the newest ``step-N.pt`` (N = committed steps it
   holds) and continues at step N+1; ``phase restored from_step=N`` is emitted
   on every relaunch (``from_step=0`` when no checkpoint existed yet).
@@ -44,12 +44,14 @@ import os
 import re
 import signal
 import time
+from datetime import timedelta
 from multiprocessing.connection import wait
 from pathlib import Path
 from typing import Optional
 
-from workbench.events.log import EventWriter
-from workbench.faults import armed
+from workbench.events.writer import EventWriter
+from workbench.faults.arm_file import hold_while_armed, is_armed
+from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
 from workbench.trainers.kit import (
     CheckpointLayout,
@@ -61,6 +63,7 @@ from workbench.trainers.kit import (
     weights_checksum,
 )
 from workbench.trainers.lite.model import build_model, make_batch, warm_up_adamw
+from workbench.trainers.placement import placement
 
 CHECKPOINTS = CheckpointLayout(
     committed=re.compile(r"^step-(\d+)\.pt$"), in_progress=re.compile(r"^\.step-\d+\.pt\.tmp$")
@@ -74,7 +77,7 @@ def checkpoint_dir(run_dir) -> Path:
 
 def save_checkpoint(directory: Path, step: int, state: dict, keep: int, before_commit=None) -> Path:
     """Atomically publish ``step-<step>.pt``: tmp file, fsync, (``before_commit()``), rename, fsync the directory."""
-    import torch
+    import torch  # in the worker only (see _worker)
 
     directory.mkdir(parents=True, exist_ok=True)
     final = directory / f"step-{step:08d}.pt"
@@ -147,19 +150,17 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
         world_size=world,
         rank=rank,
         launcher_pid=launcher_pid,
-        **ctx.placement(),
+        **placement(),
     )
     stop = StopRequest()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", "lo")
     progress = {"step": 0}
     try:
-        from datetime import timedelta
-
+        # torch inside the worker, after its ``start`` event: ``imports_done`` times it, and the launcher
+        # (this module in the job process) never imports it.
         import torch
         import torch.distributed as dist
         from torch.nn.parallel import DistributedDataParallel
-
-        from workbench.trainers import loopback
 
         torch.set_num_threads(1)
         writer.emit("phase", phase="imports_done", seconds=time.time() - t_start)
@@ -208,7 +209,7 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
 
 
 def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> str:
-    import torch
+    import torch  # in the worker only (see _worker)
 
     step = progress["step"]
     spec, m = ctx.spec, ctx.spec["model"]
@@ -259,7 +260,7 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> s
                 every_s and time.monotonic() - last_ckpt_t >= every_s
             )
             if rank == 0 and due and step < steps:
-                held = armed.is_armed(ctx.run_dir, "checkpoint", rank)
+                held = is_armed(ctx.run_dir, "checkpoint", rank)
                 writer.emit("checkpoint", step=step, state="started", durable=False, **({"held": True} if held else {}))
                 t0 = time.perf_counter()
                 path = save_checkpoint(
@@ -267,7 +268,7 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> s
                     step,
                     {"model": model.state_dict(), "optim": optimizer.state_dict(), "step": step},
                     keep,
-                    before_commit=(lambda: armed.hold_while_armed(ctx.run_dir, "checkpoint", rank)) if held else None,
+                    before_commit=(lambda: hold_while_armed(ctx.run_dir, "checkpoint", rank)) if held else None,
                 )
                 writer.emit(
                     "checkpoint",

@@ -5,13 +5,14 @@ two ``weights`` checksums are comparable across trainers and replica groups
 because one function computes them, a ``heartbeat`` means the same thread is
 alive, and ``durable`` means the commit rule of :class:`CheckpointLayout`.
 
-Importing this module imports no torch; the functions that need it import it
-when called.
+Importing this module imports no torch (every trainer imports it before its
+``start`` event, torch after); the functions that need it import it when called.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import dataclasses
 import hashlib
 import os
@@ -19,6 +20,7 @@ import re
 import signal
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import Any, Callable, Mapping, Optional
 
@@ -70,8 +72,6 @@ class StepPhases:
     """
 
     def __init__(self) -> None:
-        import time
-
         self._clock = time.perf_counter
         self._acc: dict[str, float] = {}
 
@@ -93,7 +93,7 @@ class StepPhases:
         return {f"t_{k}_s": v for k, v in acc.items()}
 
 
-def _local(tensor):
+def local_shard(tensor):
     """A DTensor's local shard, anything else as it is.
 
     An object can only be a DTensor once ``torch.distributed.tensor`` is
@@ -115,15 +115,15 @@ def weights_checksum(state: Mapping[str, Any]) -> str:
     h = hashlib.sha1()
     for name, t in sorted(state.items()):
         h.update(name.encode())
-        h.update(_local(t).detach().float().contiguous().cpu().numpy().tobytes())
+        h.update(local_shard(t).detach().float().contiguous().cpu().numpy().tobytes())
     return h.hexdigest()[:16]
 
 
 def state_bytes(obj: Any) -> int:
     """Bytes of the tensors in a (nested) state dict: what a heal transferred. DTensors count their local shard."""
-    import torch
+    import torch  # see the module docstring
 
-    obj = _local(obj)
+    obj = local_shard(obj)
     if isinstance(obj, torch.Tensor):
         return obj.numel() * obj.element_size()
     if isinstance(obj, dict):
@@ -143,8 +143,6 @@ def die_with_parent(parent_pid: Optional[int] = None) -> None:
     Usable as ``subprocess.Popen(preexec_fn=...)``. A no-op where prctl does
     not exist.
     """
-    import ctypes
-
     try:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except (OSError, AttributeError):

@@ -7,7 +7,7 @@ the process groups rendezvous on. Upstream, all of them bind every interface
 (the Manager's ``[::]`` is hard-coded). For a run on one machine nothing needs
 to be reachable from elsewhere, so the workbench binds each to loopback:
 
-- lighthouse: ``--bind 127.0.0.1:PORT`` (workbench/lighthouse.py);
+- lighthouse: ``--bind 127.0.0.1:PORT`` (workbench/controller/lighthouse.py);
 - gloo: ``GLOO_SOCKET_IFNAME=lo``;
 - Manager server: :func:`install` swaps ``[::]`` for ``127.0.0.1`` in the
   bind address torchft passes to ``ManagerServer``, and advertises 127.0.0.1;
@@ -30,6 +30,10 @@ docs/security.md says what stays exposed and to whom.
 
 A heal records where its bytes came from (:func:`route`): torchft issue 329
 was a heal over the wrong interface that took ~800 s instead of ~20 s.
+
+Importing this module imports neither torch nor torchft (the functions that
+patch or build their objects import them): a job binds and learns its
+interface before it imports them.
 """
 
 from __future__ import annotations
@@ -37,6 +41,9 @@ from __future__ import annotations
 import json
 import socket
 from http.server import ThreadingHTTPServer
+from urllib.parse import urlsplit
+
+import psutil
 
 HOST = "127.0.0.1"
 _LISTEN_SOCKETS: list[socket.socket] = []
@@ -50,8 +57,6 @@ def bind_to(host: str) -> None:
 
 def interface_of(address: str) -> str:
     """The name of this network stack's interface that holds ``address`` (``lo`` for a loopback)."""
-    import psutil
-
     for name, addrs in psutil.net_if_addrs().items():
         if any(a.family == socket.AF_INET and a.address == address for a in addrs):
             return name
@@ -60,8 +65,6 @@ def interface_of(address: str) -> str:
 
 def route(url_or_host: str) -> dict:
     """Where a connection to ``url_or_host`` goes: the peer's address, and this side's address and interface."""
-    from urllib.parse import urlsplit
-
     host = urlsplit(url_or_host).hostname if "//" in url_or_host else url_or_host
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         s.connect((host, 9))  # UDP: picks the route, sends nothing

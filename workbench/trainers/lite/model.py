@@ -6,6 +6,10 @@ only in how they recover. The data is synthetic and deterministic: batch
 see the same tokens. Each sequence is an arithmetic progression modulo the
 vocabulary, which a small decoder learns quickly, so the loss curve visibly
 falls.
+
+Each function imports torch itself: the trainers import this module before
+their ``start`` event and torch after it, and ddp-restart's launcher, which
+imports it too, never needs torch.
 """
 
 from __future__ import annotations

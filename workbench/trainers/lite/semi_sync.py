@@ -75,6 +75,9 @@ import contextlib
 import time
 from typing import Any, Optional
 
+from workbench.trainers.kit import StepPhases, weights_checksum
+from workbench.trainers.lite.model import make_batch
+
 SYNC_PARTS = ("quorum", "prepare", "perform")
 """The blocking parts of a sync, in order; DiLoCo's ``seconds`` is their sum (``vote`` is inside ``perform``)."""
 
@@ -104,7 +107,7 @@ class AllreduceBytes:
 
 def fragments_of(model, n: int) -> list:
     """The decoder as ``n`` contiguous fragments: embeddings, blocks, head, split as evenly as they go."""
-    from torch import nn
+    from torch import nn  # see SemiSync
 
     units: list[nn.Module] = [
         nn.ModuleList([model.tok, model.pos]),
@@ -128,10 +131,8 @@ class SemiSync:
     def __init__(
         self, ft: dict, manager, model, inner_opt, counter: AllreduceBytes, log_handler=None, beat=None
     ) -> None:
-        import torch
+        import torch  # late: the trainer imports this module before torch and torchft (see trainer.run)
         from torchft.local_sgd import DiLoCo, LocalSGD
-
-        from workbench.trainers.kit import StepPhases
 
         self.algorithm, self.manager, self.counter, self.log_handler = ft["algorithm"], manager, counter, log_handler
         self._waiting = beat.waiting if beat is not None else (lambda what: contextlib.nullcontext())
@@ -283,10 +284,7 @@ def train(
     ctx, spec: dict, writer, manager, model, inner_opt, counter: AllreduceBytes, log_handler, stop, beat
 ) -> tuple[str, int, int]:
     """The semi-synchronous training loop; returns (exit reason, iterations, training step)."""
-    import torch
-
-    from workbench.trainers.kit import weights_checksum
-    from workbench.trainers.lite.model import make_batch
+    import torch  # see SemiSync
 
     ft, m = spec["ft"], spec["model"]
     algo = SemiSync(ft, manager, model, inner_opt, counter, log_handler, beat=beat)

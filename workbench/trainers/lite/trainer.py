@@ -19,17 +19,24 @@ Each step:
    discard the step (it is recorded with ``committed=False``) and go on. The
    group has one rank, so its vote is answered in process (:mod:`.commit_vote`).
 
-The model and the data are :mod:`.tiny_decoder`'s, shared with ddp-restart.
+The model and the data are :mod:`.model`'s, shared with ddp-restart.
 """
 
 from __future__ import annotations
 
 import os
 import time
+import urllib.request
+from datetime import timedelta
 
+from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
-from workbench.trainers.kit import Heartbeat, StopRequest, state_bytes, weights_checksum
+from workbench.trainers.kit import Heartbeat, StepPhases, StopRequest, state_bytes, weights_checksum
+from workbench.trainers.lite import semi_sync
 from workbench.trainers.lite.model import build_model, init_adamw_state, make_batch, warm_up_adamw
+from workbench.trainers.placement import placement
+from workbench.trainers.torchft import collective_failure, commit_vote, quorum_epochs
+from workbench.trainers.torchft.logs import TorchftLogHandler
 
 
 def run(ctx: JobContext) -> None:
@@ -38,23 +45,18 @@ def run(ctx: JobContext) -> None:
     writer = ctx.writer()
     spare_id = ctx.spare_id
     role = "replica" if spare_id is None else "spare"
-    from workbench.trainers import loopback
-
     host = ctx.listen_host()
-    writer.emit("start", trainer="torchft-lite", role=role, world_size=1, address=host, **ctx.placement())
+    writer.emit("start", trainer="torchft-lite", role=role, world_size=1, address=host, **placement())
     stop = StopRequest()
     os.environ.setdefault("GLOO_SOCKET_IFNAME", loopback.interface_of(host))
+    # torch and torchft (ddp_hook imports torch) after the ``start`` event, so that ``imports_done`` times them.
     import torch
 
     torch.set_num_threads(1)
-    from datetime import timedelta
-
     from torchft import DistributedDataParallel, Manager, Optimizer
     from torchft.checkpointing.http_transport import HTTPTransport
 
-    from workbench.trainers.lite import semi_sync
-    from workbench.trainers.torchft import collective_failure, commit_vote, ddp_hook, quorum_epochs
-    from workbench.trainers.torchft.logs import TorchftLogHandler
+    from workbench.trainers.torchft import ddp_hook
 
     loopback.install(host)
     tf = spec["torchft"]
@@ -78,9 +80,7 @@ def run(ctx: JobContext) -> None:
 
         @classmethod
         def _load_from_address(cls, address, timeout):
-            import urllib.request
-
-            from torchft.checkpointing._serialization import _streaming_load
+            from torchft.checkpointing._serialization import _streaming_load  # torchft: see run()
 
             t0 = time.perf_counter()
             with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
@@ -151,7 +151,7 @@ def run(ctx: JobContext) -> None:
             world_size=1,
             from_spare=spare_id,
             address=host,
-            **ctx.placement(),
+            **placement(),
         )
         writer.emit("phase", phase="imports_done", seconds=0.0, from_spare=spare_id)
         writer.emit(
@@ -297,10 +297,8 @@ def _pg_transport(pg, timeout, heal_stats: dict, address: str, state_dict):
     ``wait_s`` is the time until the serving side's first message (it sends from its quorum thread after
     its own reconfiguration), ``transfer_s`` the rest.
     """
-    import torch
+    import torch  # torch and torchft: see run()
     from torchft.checkpointing.pg_transport import PGTransport
-
-    from workbench.trainers import loopback
 
     class _FirstRecv:
         def __init__(self, inner, t0: float) -> None:
@@ -360,8 +358,6 @@ def _install_timing(manager, inner_opt):
     (``_timed_ddp``): the gradient hook, torchft's ``Manager.allreduce`` through its process-group
     wrapper and the hook's wait, including any quorum wait inside it.
     """
-    from workbench.trainers.kit import StepPhases
-
     phases = StepPhases()
     manager._async_quorum = phases.timed("quorum_rtt", manager._async_quorum)
     manager.wait_quorum = phases.timed("quorum_wait", manager.wait_quorum)

@@ -16,7 +16,7 @@ its launcher would set: for ``hardware: cpu`` XPK's (``JAX_COORDINATOR_ADDRESS``
 ``JAX_PROCESS_COUNT``), for ``hardware: gpu`` its own (``JAX_COORDINATOR_IP``/``_PORT``,
 ``NNODES``, ``NODE_RANK``); ``gpu_multiprocess`` is JAX's own Slurm detection. The
 coordinator is the job's first node at the address Slurm records for it
-(``NodeAddr``, :func:`workbench.cluster.slurm.client.node_address`), and it
+(``NodeAddr``, :func:`workbench.trainers.placement.node_address`), and it
 binds that address only (``JAX_COORDINATOR_BIND_ADDRESS``; JAX's default is
 every interface). Its port is the job's own (:func:`coordinator_port`, from the
 Slurm job id), so two jobs whose first node is the same node do not collide.
@@ -40,6 +40,7 @@ from typing import Any, Optional
 
 from workbench.paths import CHECKOUT
 from workbench.trainers.base import JobContext
+from workbench.trainers.placement import node_address
 
 TRAIN_MODULE = "maxtext.trainers.pre_train.train"
 
@@ -130,7 +131,7 @@ class JobLayout:
 def job_layout() -> JobLayout:
     """From submitit's job environment (Slurm's ``SLURM_PROCID``, ``SLURM_NTASKS``, ``SLURM_JOB_NODELIST``)."""
     try:
-        import submitit
+        import submitit  # inside the try: without submitit, or outside its job, the Slurm variables below
 
         env = submitit.JobEnvironment()
         return JobLayout(env.global_rank, env.num_tasks, tuple(env.hostnames) if env.num_tasks > 1 else ())
@@ -141,8 +142,6 @@ def job_layout() -> JobLayout:
 def coordinator_address(layout: JobLayout) -> str:
     """Where rank 0's JAX coordinator listens: its node's address as Slurm records it, else loopback."""
     if layout.first_node and os.environ.get("SLURM_JOB_ID"):
-        from workbench.cluster.slurm.client import node_address
-
         return node_address(layout.first_node)
     return "127.0.0.1"
 
@@ -151,8 +150,6 @@ def own_address() -> str:
     """This task's node address as Slurm records it, else loopback."""
     node = os.environ.get("SLURMD_NODENAME")
     if node and os.environ.get("SLURM_JOB_ID"):
-        from workbench.cluster.slurm.client import node_address
-
         return node_address(node)
     return "127.0.0.1"
 

@@ -69,7 +69,7 @@ import subprocess
 import time
 from typing import Any, Optional
 
-from workbench.events.log import read_all
+from workbench.events.reader import read_all
 from workbench.trainers.base import JobContext
 from workbench.trainers.kit import on_stop_signals
 from workbench.trainers.maxtext.command import build_command, checkpoint_dir, console_log, job_layout, metrics_file
@@ -80,6 +80,7 @@ from workbench.trainers.maxtext.output import (
     durable_checkpoints,
     leftover_tmp_checkpoints,
 )
+from workbench.trainers.placement import placement
 
 POLL_S = 0.25
 
@@ -156,7 +157,7 @@ def run(ctx: JobContext) -> None:
         checkpoint_dir=str(ckpt_dir),
         coordinator=env.get("JAX_COORDINATOR_BIND_ADDRESS"),
         nodes=list(layout.nodes),
-        **ctx.placement(),
+        **placement(),
     )
     for name in leftover_tmp_checkpoints(ckpt_dir):
         writer.emit("warning", message=f"half-written checkpoint {name} left by an earlier attempt; not restored")

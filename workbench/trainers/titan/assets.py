@@ -59,7 +59,7 @@ def source_texts(limit_bytes: int = CORPUS_BYTES) -> list[str]:
 
 
 def _build(into: Path) -> None:
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers  # only when the assets are built
 
     texts = source_texts()
     corpus = into / "corpus"

@@ -14,6 +14,8 @@ reproduction stops failing) and the patch can be deleted.
 
 The patches must run in order: the device patch has to precede any import of
 a torchtitan module that copies ``device_type``/``device_module`` at import.
+So every torchtitan import is inside its patch, as are the torch modules that
+``import torch`` does not load and only a patch uses (flex attention, FSDP).
 """
 
 from __future__ import annotations
@@ -26,6 +28,9 @@ import types
 from datetime import timedelta
 
 import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch.distributed.distributed_c10d import _set_pg_timeout
 
 KERNELS_MODULE = "torchtitan.distributed.minimal_async_ep.kernels"
 
@@ -116,7 +121,6 @@ def flex_attention_no_backward_on_cpu() -> None:
     of the first step in inductor's C++ compiler for a mask only read for its
     ``mask_mod``.
     """
-    import torch.nn.functional as F
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
     from torchtitan.models.common import attention
     from torchtitan.models.common.attention import FlexAttention
@@ -174,8 +178,6 @@ def barrier_device_ids_and_set_timeout() -> None:
     which torch 2.13.0 does not have. The CPU version does a plain barrier and
     sets each group's timeout through c10d's ``_set_pg_timeout``.
     """
-    import torch.distributed as dist
-    from torch.distributed.distributed_c10d import _set_pg_timeout
     from torchtitan.distributed import utils as dist_utils
 
     def set_pg_timeouts(timeout: timedelta, parallel_dims) -> None:

@@ -3,14 +3,14 @@
 :func:`run` runs inside the submitit job of one replica group and attempt. It
 builds the offline assets, turns the spec's ``titan`` section and its TOML
 config into torchtitan flags, and starts ``nproc_per_replica`` rank processes
-of :mod:`.titan_rank`, like ``torchrun`` does: the job process hosts the
+of :mod:`.rank`, like ``torchrun`` does: the job process hosts the
 group's TCPStore (``TORCHELASTIC_USE_AGENT_STORE``) and every rank dies with
 the job (``PR_SET_PDEATHSIG``), so killing the job's PID kills the replica
 group. It writes ``start`` and, if the ranks fail, ``exit`` with
 ``reason="error"`` to the replica's file; rank 0 of the group writes every
 other event of the replica to a file of its own,
 ``replica-<r>.attempt-<a>.rank-0.jsonl`` (one writer per file; see
-:mod:`.titan_rank`).
+:mod:`.rank`).
 
 A preemption signal (SIGTERM locally, SIGUSR2 on Slurm: what the ``preempt``
 fault sends to this process) is forwarded to every rank; the ranks stop
@@ -52,16 +52,23 @@ groups and quorum size.
 from __future__ import annotations
 
 import functools
+import json
 import os
 import subprocess
 import sys
+import time
 import tomllib
 from pathlib import Path
 from typing import Any, Optional
 
+from workbench.events.writer import EventWriter
 from workbench.paths import CHECKOUT, CONFIG_DIR
+from workbench.spec.sections import TITAN_SEMI_SYNC
+from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
 from workbench.trainers.kit import die_with_parent, hold_stop_signals, on_stop_signals, signal_pid
+from workbench.trainers.placement import placement
+from workbench.trainers.titan.assets import ensure_assets
 
 RANK_MODULE = "workbench.trainers.titan.rank"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -140,8 +147,6 @@ def ft_overrides(spec: dict) -> dict:
     per-step fault tolerance as it is. The outer optimizer is torchtitan's
     fixed one (spec validation refuses other values).
     """
-    from workbench.spec.models import TITAN_SEMI_SYNC
-
     ft = spec.get("ft") or {}
     algorithm = ft.get("algorithm", "ddp")
     if algorithm == "ddp":
@@ -168,6 +173,7 @@ def llama3_torchft_8b():
     torchtitan's torchft registry has only the debug model, and ``model_spec``
     is not settable from flags; this is that config with Llama 3 8B.
     """
+    # torchtitan inside: the job process never imports it, and a rank does so after its CPU patches (.rank)
     from torchtitan.experiments.torchft.llama3 import model_registry
     from torchtitan.experiments.torchft.llama3.config_registry import llama3_torchft_debugmodel
     from torchtitan.models.common.config_utils import decoder_vocab_size
@@ -189,8 +195,6 @@ def run(ctx: JobContext) -> None:
     if task == 0:
         writer = ctx.writer()
     else:
-        from workbench.events.log import EventWriter
-
         writer = EventWriter(
             ctx.run_dir, f"{ctx.writer_name}.task-{task}", run=ctx.run_id, replica=ctx.replica, attempt=ctx.attempt
         )
@@ -202,7 +206,7 @@ def run(ctx: JobContext) -> None:
         tasks=ntasks,
         world_size=nproc * ntasks,
         address=host,
-        **ctx.placement(),
+        **placement(),
     )
     ranks: list[subprocess.Popen] = []
     stop = _StopForwarder(ranks)
@@ -220,11 +224,6 @@ def rendezvous_file(ctx: JobContext) -> Path:
 
 def _rendezvous(ctx: JobContext, host: str, task: int, timeout_s: float = 120.0) -> tuple[Optional[object], str, int]:
     """Task 0: host the group's store on ``host`` and publish it. Others: wait for it. -> (store, addr, port)."""
-    import json
-    import time
-
-    from workbench.trainers import loopback
-
     path = rendezvous_file(ctx)
     if task == 0:
         store = loopback.loopback_store()
@@ -252,9 +251,6 @@ def _run_ranks(
     task: int,
     ntasks: int,
 ) -> None:
-    from workbench.trainers import loopback
-    from workbench.trainers.titan.assets import ensure_assets
-
     try:
         argv = job_flags(ctx, ensure_assets())
     except Exception as e:
@@ -295,9 +291,7 @@ def rank_env(
     ntasks: int = 1,
 ) -> dict[str, str]:
     """The environment every rank of the group's task shares (``RANK`` and friends are added per rank)."""
-    import torch
-
-    from workbench.trainers.loopback import interface_of
+    import torch  # late: after the job's ``start`` event (importing torch takes 1.5 s)
 
     spec = ctx.spec
     env = {
@@ -310,7 +304,7 @@ def rank_env(
         "LOCAL_WORLD_SIZE": str(nproc),
         "GROUP_RANK": str(task),
         "WORKBENCH_BIND_HOST": host,
-        "GLOO_SOCKET_IFNAME": interface_of(host),
+        "GLOO_SOCKET_IFNAME": loopback.interface_of(host),
         "WORKBENCH_RUN_DIR": ctx.run_dir,
         "WORKBENCH_RUN_ID": ctx.run_id,
         "WORKBENCH_REPLICA": str(ctx.replica),

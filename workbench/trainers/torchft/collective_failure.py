@@ -51,7 +51,8 @@ interleaved pairs (load 0.8-2.7): CPU per group-step 0.22 ms lower (median;
 
 The armed hold (:func:`hold_when_armed`)
 ----------------------------------------
-``kill_in_allreduce`` (``workbench.faults.armed``) must land while the peers wait
+``kill_in_allreduce`` (``workbench.faults.armed``; the arm file and the
+trainer's side, ``workbench.faults.arm_file``) must land while the peers wait
 inside an all-reduce, a window of milliseconds for the models here. The
 group's process, about to join an all-reduce across groups, finds the arm
 file, says ``held`` and waits; its peers enter the all-reduce and wait for
@@ -63,7 +64,7 @@ from __future__ import annotations
 import threading
 from datetime import timedelta
 
-from workbench.faults import armed
+from workbench.faults import arm_file
 
 TRIGGER = "allreduce"
 
@@ -94,7 +95,7 @@ def drop_on_error(manager) -> None:
 def pg_timeout_only(pg_timeout: timedelta) -> None:
     """In this process, torchft's Manager arms no timer of its own on a collective's future when the
     process group's ``pg_timeout`` fails the collective first (see the module docstring)."""
-    import torchft.manager
+    import torchft.manager  # late: the trainer imports this module before torchft (lite.trainer.run)
 
     armed_timer = torchft.manager.future_timeout
 
@@ -106,14 +107,14 @@ def pg_timeout_only(pg_timeout: timedelta) -> None:
 
 def hold_when_armed(pg, run_dir, replica: int, writer, manager_step) -> None:
     """Before each all-reduce across groups: if ``kill_in_allreduce`` is armed for ``replica``, say
-    ``held`` and wait (at most ``armed.HOLD_S``) for the controller's kill or a disarm."""
+    ``held`` and wait (at most ``arm_file.HOLD_S``) for the controller's kill or a disarm."""
     allreduce = pg.allreduce
-    path = armed.arm_path(run_dir, TRIGGER, replica)
+    path = arm_file.arm_path(run_dir, TRIGGER, replica)
 
     def held_allreduce(tensors, *args, **kwargs):
         if path.exists() and pg.size() > 1:
             writer.emit("held", trigger=TRIGGER, step=manager_step())
-            waited = armed.hold_while_armed(run_dir, TRIGGER, replica)
+            waited = arm_file.hold_while_armed(run_dir, TRIGGER, replica)
             writer.emit("held", trigger=TRIGGER, step=manager_step(), released=True, seconds=waited)
         return allreduce(tensors, *args, **kwargs)
 

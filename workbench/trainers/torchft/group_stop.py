@@ -73,7 +73,7 @@ class GroupStop:
 
 def job_store():
     """A client of the TCPStore the job hosts for its ranks (``MASTER_ADDR``/``MASTER_PORT``)."""
-    import torch.distributed as dist
+    import torch.distributed as dist  # late: a rank imports this module before torch (titan.rank)
 
     return dist.TCPStore(
         os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, wait_for_workers=False

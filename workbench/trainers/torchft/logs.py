@@ -14,7 +14,7 @@ becomes one event:
   an error (``job_id``, ``replica_id``, ``rank``, ``uuid``, ``error``).
 
 :class:`TorchftLogHandler` writes each record as one event through the
-process's own :class:`~workbench.events.log.EventWriter` (one writer per file:
+process's own :class:`~workbench.events.writer.EventWriter` (one writer per file:
 the handler holds no file), stamped with the record's own time. torchft's
 ``job_id`` (its ``JOB_ID`` environment variable) is kept as ``torchft_job_id``:
 ``job_id`` in the event log is the backend's job. The quorum record is logged
@@ -33,7 +33,7 @@ from __future__ import annotations
 import logging
 from typing import Optional
 
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
 
 LOGGERS = {"torchft_quorums": "quorum", "torchft_commits": "commit", "torchft_errors": "torchft_error"}
 FIELDS = ("replica_id", "rank", "quorum_id", "step", "commit_result", "uuid", "error")
