@@ -11,7 +11,8 @@ submitit ``Job``. On top of submitting, a backend owns what only it knows:
   then runs one at a time by default);
 - ``inject(kind, view, ...)``: a fault of the table (``workbench.faults.kinds``)
   on a replica group, the way submitit's Slurm job owns its ``scancel
-  --signal``; ``undo`` finishes a timed fault from the detached helper;
+  --signal``; a timed fault's undo is a command (or signals) the backend hands
+  to the detached helper (``workbench.faults.undo``);
 - ``stop_all(state)``: end every process and job of a run whose controller
   is gone.
 
@@ -29,8 +30,11 @@ from typing import Any, Callable, ClassVar, Optional
 
 import submitit
 
+from workbench.cluster.procs import Proc
 from workbench.errors import FaultError
+from workbench.faults import host as hostfaults
 from workbench.faults import kinds as faultkinds
+from workbench.faults import undo
 from workbench.faults.kinds import FaultKind
 
 
@@ -38,6 +42,7 @@ class Cluster(abc.ABC):
     name: ClassVar[str] = "base"
     loopback_only: ClassVar[bool] = False
     shares_this_machine: ClassVar[bool] = False  # jobs compete with each other for this machine's cores
+    job_gpus_key: ClassVar[Optional[str]] = None  # jobs run elsewhere, with the GPUs this spec key says; None: here
     preempt_signal: ClassVar[int] = signal.SIGTERM
 
     def __init__(self, spec, run_dir: Path) -> None:
@@ -91,9 +96,11 @@ class Cluster(abc.ABC):
         """The kinds of the table this backend injects (the CLI's and the dashboard's menu)."""
         return faultkinds.names(cls.name)
 
-    def inject(self, kind: FaultKind, view, seconds: Optional[float], origin: str) -> dict:
+    def inject(self, kind: FaultKind, view, seconds: Optional[float], origin: str, proc: Optional[Proc] = None) -> dict:
         """Inject ``kind`` on replica group ``view`` (a ``ReplicaView``); returns the ``fault``
-        event's fields. Raises FaultError, having done nothing, if it cannot."""
+        event's fields. Raises FaultError, having done nothing, if it cannot. ``proc``: the process to
+        hit when it is not the group's recorded one (``workbench.faults.targets``: a rank-0 child, which
+        only kinds of the local backend name)."""
         raise FaultError(
             f"action: {kind.name} is not a fault on cluster {self.name}; allowed: {', '.join(self.fault_kinds())}"
         )
@@ -101,9 +108,6 @@ class Cluster(abc.ABC):
     def inject_host(self, kind: FaultKind, view, seconds: float, node: Optional[str] = None) -> dict:
         """A kind of the table done to the machine (``kind.host``: cgroup or link, ``workbench.faults.host``),
         undone by the detached helper after ``seconds``; the ``fault`` event's fields."""
-        from workbench.faults import host as hostfaults
-        from workbench.faults import undo
-
         fields = {"target": view.replica, "attempt": view.attempt}
         try:
             if kind.host == "link":
@@ -137,18 +141,9 @@ class Cluster(abc.ABC):
         )
         return fields
 
-    def undo(self, payload: dict) -> dict:
-        """In the detached undo helper, after its primitive action, for a fault injected with
-        ``undo.later(..., backend_undo=True)``: anything left to do (restart a daemon); returns
-        extra fields for the ``resume`` event."""
-        return {}
-
     def release_faults(self, state) -> list[str]:
         """Undo what this run's machine-level faults still hold (a stop mid-fault): its cgroups by name,
         and each link of a fault whose ``resume`` has not come. Returns what was undone."""
-        from workbench.cluster.procs import Proc
-        from workbench.faults import host as hostfaults
-
         open_faults = list(state.host_faults.items())
         links = [
             (k, e["node"])

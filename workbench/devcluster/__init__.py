@@ -17,9 +17,12 @@ systemd:
 ``slurmctld``, ``slurmd -N n1..n4``
     the scheduler and the nodes.
 
-A client needs only ``SLURM_CONF`` (see :func:`up` / :func:`client_env`); the
-Slurm backend finds a running dev cluster with :func:`find_slurm_conf`, and
-its ``slurmd_kill`` fault uses :func:`slurmd_pid` and :func:`restart_slurmd`.
+A client needs only ``SLURM_CONF`` (see :func:`up` / :func:`client_env`). The
+Slurm backend finds a running dev cluster, and the slurmd its ``slurmd_kill``
+fault kills and has restarted (``workbench cluster restart-slurmd NODE``), through
+the state directory's convention it owns (:mod:`workbench.cluster.slurm.statedir`),
+without importing this package; :func:`find_slurm_conf`, :func:`slurmd_pid` and
+:func:`restart_slurmd` are the same from here.
 Daemons run in the foreground (``-D``) in their own session; their PIDs and
 start times are recorded in ``state.json``, and :func:`down` stops exactly
 those. :func:`up` is idempotent: with every daemon alive it returns at once;
@@ -42,19 +45,10 @@ Modules: :mod:`.layout` (shape, paths, state file), :mod:`.daemons`
 interface), :mod:`.cli` (``workbench cluster``).
 """
 
+from workbench.cluster.slurm.statedir import DEFAULT_STATE_DIR, ENV_STATE_DIR, resolve_state_dir
 from workbench.devcluster.cli import main
 from workbench.devcluster.daemons import INSTALL_HINT, REQUIRED_PROGRAMS
-from workbench.devcluster.layout import (
-    ACCOUNT,
-    CLUSTER_NAME,
-    DAEMONS,
-    DEFAULT_STATE_DIR,
-    ENV_STATE_DIR,
-    NODES,
-    PARTITION,
-    DevClusterError,
-    resolve_state_dir,
-)
+from workbench.devcluster.layout import ACCOUNT, CLUSTER_NAME, DAEMONS, NODES, PARTITION, DevClusterError
 from workbench.devcluster.lifecycle import (
     client_env,
     daemon_pids,

@@ -1,4 +1,7 @@
-"""``workbench cluster up|down|status [--dir DIR] [--json]``: the dev cluster from a shell."""
+"""``workbench cluster up|down|status [--dir DIR] [--json]``: the dev cluster from a shell.
+
+``restart-slurmd NODE`` starts a node's slurmd again unless it runs: the command the state file records
+for the ``slurmd_kill`` fault's undo (:mod:`workbench.cluster.slurm.statedir`)."""
 
 from __future__ import annotations
 
@@ -7,18 +10,20 @@ import json
 import sys
 from typing import Optional, Sequence
 
-from workbench.devcluster.layout import DEFAULT_STATE_DIR, ENV_STATE_DIR, DevClusterError
-from workbench.devcluster.lifecycle import down, status, up
+from workbench.cluster.slurm.statedir import DEFAULT_STATE_DIR, ENV_STATE_DIR, resolve_state_dir
+from workbench.devcluster.layout import DevClusterError, Layout
+from workbench.devcluster.lifecycle import down, restart_slurmd, status, up
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """``workbench cluster up|down|status [--dir DIR]``."""
+    """``workbench cluster up|down|status|restart-slurmd [NODE] [--dir DIR]``."""
     parser = argparse.ArgumentParser(
         prog="workbench cluster",
         description="A local Slurm cluster (4 nodes on this host, each in its own network namespace) "
         "for demos and tests.",
     )
-    parser.add_argument("action", choices=("up", "down", "status"))
+    parser.add_argument("action", choices=("up", "down", "status", "restart-slurmd"))
+    parser.add_argument("node", nargs="?", help="restart-slurmd: the node whose slurmd to start again")
     parser.add_argument(
         "--dir",
         dest="state_dir",
@@ -47,6 +52,11 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
                     print(f"network={net['mode']} head={net['head']} {addrs}")
                 for key, value in info["env"].items():
                     print(f"export {key}={value}")
+            return 0
+        if args.action == "restart-slurmd":
+            if not args.node:
+                parser.error("restart-slurmd needs a NODE")
+            restart_slurmd(str(Layout(resolve_state_dir(args.state_dir)).slurm_conf), args.node)
             return 0
         if args.action == "down":
             stopped = down(args.state_dir)

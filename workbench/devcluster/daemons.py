@@ -4,8 +4,9 @@ Every daemon runs with ``-D`` (or its foreground flag) as a child of the
 process that called ``up`` and in a session of its own, so it outlives that
 process and a terminal's hang-up. It is then known only by the ``pid`` and
 ``started`` (``workbench.cluster.procs.start_time``: seconds since boot, which no clock
-change moves) :func:`start` records in the state file; :func:`alive` compares
-both, so a PID the kernel has since reused is never signalled.
+change moves) :func:`start` records in the state file;
+:func:`workbench.cluster.slurm.statedir.alive` compares both, so a PID the kernel
+has since reused is never signalled.
 """
 
 from __future__ import annotations
@@ -20,7 +21,8 @@ from typing import Any, Mapping, Optional
 
 import psutil
 
-from workbench.cluster.procs import HOST, Proc, start_time
+from workbench.cluster.procs import start_time
+from workbench.cluster.slurm.statedir import alive
 from workbench.devcluster.layout import NODES, DevClusterError, Layout, write_state
 
 REQUIRED_PROGRAMS = (
@@ -113,16 +115,6 @@ def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[s
         out.close()
     state["daemons"][name] = {"pid": proc.pid, "started": start_time(proc.pid), "argv": cmd}
     write_state(layout, state)
-
-
-def alive(entry: Optional[Mapping[str, Any]]) -> bool:
-    """The recorded process still runs (same PID and start time, so not a reused PID) and is not a zombie.
-
-    An entry from an older workbench has ``create_time`` (wall clock) instead of ``started``: ``Proc`` tells
-    the two apart by size."""
-    if not entry:
-        return False
-    return Proc(entry["pid"], HOST, entry.get("started", entry.get("create_time"))).alive()
 
 
 def stop_recorded(state: Optional[dict], timeout_s: float = 20.0) -> list[str]:

@@ -1,5 +1,9 @@
 """The dev cluster's shape, its state directory's paths, and its state file.
 
+Where the state directory is, its ``etc/slurm.conf`` and its ``state.json`` are the Slurm
+backend's convention (:mod:`workbench.cluster.slurm.statedir`), which the dev cluster follows so
+that the backend finds it without importing it.
+
 One state directory holds everything (configs, logs, keys, databases, spools)
 and ``state.json``, the record of the daemons :func:`~workbench.devcluster.up`
 started: name -> ``pid``, ``started`` (so a reused PID is never taken for
@@ -17,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Optional
 
-ENV_STATE_DIR = "WORKBENCH_SLURM_DIR"
-DEFAULT_STATE_DIR = Path("~/.cache/workbench/slurm")
+from workbench.cluster.slurm import statedir
+
 CLUSTER_NAME = "workbench"
 NODES = ("n1", "n2", "n3", "n4")  # 4: two 2-node replica groups side by side
 PARTITION = "debug"
@@ -48,7 +52,7 @@ class Layout:
     def __init__(self, root: Path):
         self.root = root
         self.etc = root / "etc"
-        self.slurm_conf = self.etc / "slurm.conf"
+        self.slurm_conf = root / statedir.SLURM_CONF
         # slurmd's own: slurm.conf plus NoInAddrAny, which no other Slurm program here may read (config.py).
         self.slurmd_conf = self.etc / "slurmd.conf"
         # slurmdbd ignores -f and reads slurmdbd.conf beside $SLURM_CONF.
@@ -65,16 +69,14 @@ class Layout:
         self.db_password = root / "db-password"
         self.ctld_state = root / "spool" / "slurmctld"
         self.slurmd_spool = root / "spool"
-        self.state_file = root / "state.json"
+        self.state_file = root / statedir.STATE_FILE
         self.lock_file = root / "lock"
 
     @classmethod
     def of_slurm_conf(cls, conf: os.PathLike | str) -> Optional["Layout"]:
         """The layout whose ``slurm.conf`` is ``conf``, or None when ``conf`` is not where a dev cluster keeps it."""
-        path = Path(conf).expanduser().resolve()
-        if path.name != "slurm.conf" or path.parent.name != "etc":
-            return None
-        return cls(path.parent.parent)
+        root = statedir.state_dir_of(conf)
+        return cls(root) if root else None
 
     def hosts_of(self, node: str) -> Path:
         """The hosts file bind-mounted over /etc/hosts for ``node``'s slurmd: this host's name -> the node's address."""
@@ -84,19 +86,13 @@ class Layout:
         return self.log / f"{daemon}.log"
 
 
-def resolve_state_dir(state_dir: Optional[os.PathLike | str] = None) -> Path:
-    """The argument, else ``$WORKBENCH_SLURM_DIR``, else ``~/.cache/workbench/slurm``; absolute."""
-    chosen = state_dir or os.environ.get(ENV_STATE_DIR) or DEFAULT_STATE_DIR
-    return Path(chosen).expanduser().resolve()
-
-
 def check_state_dir(layout: Layout) -> None:
     """slurm.conf cannot quote paths, AuthInfo splits on commas, Unix sockets have 107 bytes."""
     text = str(layout.root)
     if any(c.isspace() or c in ",=#\"'" for c in text):
         raise DevClusterError(
             f"state_dir {text!r}: must not contain whitespace, quotes, ',', '=' or '#' "
-            f"(set ${ENV_STATE_DIR} or pass another directory)"
+            f"(set ${statedir.ENV_STATE_DIR} or pass another directory)"
         )
     longest = max(len(os.fsencode(p)) for p in (layout.munge_socket, layout.mysql_socket))
     if longest > MAX_SOCKET_PATH:
@@ -118,11 +114,9 @@ def locked(layout: Layout) -> Iterator[None]:
 
 
 def read_state(layout: Layout) -> Optional[dict]:
-    """``state.json``: ``ports``, ``user`` and ``daemons``; None when there is none (never brought up)."""
-    try:
-        return json.loads(layout.state_file.read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return None
+    """``state.json``: ``ports``, ``user``, ``network``, ``daemons`` and ``restart_slurmd``; None when there is
+    none (never brought up)."""
+    return statedir.read_state(layout.root)
 
 
 def write_state(layout: Layout, state: Mapping[str, Any]) -> None:

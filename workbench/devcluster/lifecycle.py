@@ -8,15 +8,16 @@ start or stop daemons hold the state directory's lock; the rest only read.
 from __future__ import annotations
 
 import getpass
-import os
+import sys
 import time
 from pathlib import Path
 from typing import Any, Optional
 
+from workbench.cluster.slurm import statedir
+from workbench.cluster.slurm.statedir import StateDir, alive, resolve_state_dir
 from workbench.devcluster import netns
 from workbench.devcluster.config import choose_ports, write_configs, write_hosts
 from workbench.devcluster.daemons import (
-    alive,
     as_host,
     as_node,
     check_programs,
@@ -37,12 +38,9 @@ from workbench.devcluster.layout import (
     check_state_dir,
     locked,
     read_state,
-    resolve_state_dir,
     write_state,
 )
 from workbench.devcluster.services import ensure_associations, start_mariadb, start_munged, start_slurmdbd
-
-StateDir = Optional[os.PathLike | str]
 
 
 def client_env(state_dir: StateDir = None) -> dict[str, str]:
@@ -73,6 +71,9 @@ def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = T
         if started:
             stop_recorded(state)
             state = _start_all(layout, state, deadline=time.monotonic() + timeout_s, network=_network(namespaces, say))
+        elif statedir.RESTART_SLURMD not in state:  # brought up by a workbench that did not record it
+            state[statedir.RESTART_SLURMD] = _restart_slurmd_command(layout)
+            write_state(layout, state)
     return _describe(layout, state, started=started, seconds=time.monotonic() - t0)
 
 
@@ -169,12 +170,9 @@ def _network_view(network: Optional[dict], node_states: dict[str, str]) -> dict[
 
 
 def find_slurm_conf(state_dir: StateDir = None) -> Optional[Path]:
-    """The running dev cluster's ``slurm.conf``, or None when its slurmctld is not running."""
-    layout = Layout(resolve_state_dir(state_dir))
-    state = read_state(layout)
-    if state and alive(state["daemons"].get("slurmctld")) and layout.slurm_conf.is_file():
-        return layout.slurm_conf
-    return None
+    """The running dev cluster's ``slurm.conf``, or None when its slurmctld is not running (as the Slurm
+    backend finds it: :func:`workbench.cluster.slurm.statedir.running_slurm_conf`)."""
+    return statedir.running_slurm_conf(state_dir)
 
 
 def daemon_pids(state_dir: StateDir = None) -> dict[str, int]:
@@ -231,7 +229,13 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float, netwo
     user = getpass.getuser()
     ports = choose_ports((old_state or {}).get("ports"))
     fresh_ctld = not any(layout.ctld_state.iterdir())
-    state: dict[str, Any] = {"ports": ports, "user": user, "daemons": {}, "network": network}
+    state: dict[str, Any] = {
+        "ports": ports,
+        "user": user,
+        "daemons": {},
+        "network": network,
+        statedir.RESTART_SLURMD: _restart_slurmd_command(layout),
+    }
     write_state(layout, state)
 
     namespaced = network["mode"] == "netns"
@@ -281,6 +285,12 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float, netwo
             remove_network()
         raise
     return state
+
+
+def _restart_slurmd_command(layout: Layout) -> list[str]:
+    """What the state file records for a node's slurmd to be started again (the node's name appended):
+    :func:`restart_slurmd` through the CLI, run by the ``slurmd_kill`` fault's detached undo helper."""
+    return [sys.executable, "-m", "workbench.devcluster", "--dir", str(layout.root), "restart-slurmd"]
 
 
 def _remove_hosts(layout: Layout) -> None:

@@ -99,22 +99,23 @@ def confine(kind: str, name: str, pids: Iterable[int], share: float = 0.25) -> M
     base = CGROUP_ROOT / controller
     if not (base / "cgroup.procs").exists():
         raise HostFaultError(f"{kind}: no cgroup v1 {controller} controller at {base}")
-    made = Made(kind, cgroup=str(base / name))
+    cgroup = base / name
+    made = Made(kind, cgroup=str(cgroup))
     try:
-        os.makedirs(made.cgroup)
+        os.makedirs(cgroup)
         if kind == "straggler":
             quota = max(1000, int(CPU_PERIOD_US * share))
-            Path(made.cgroup, "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
-            Path(made.cgroup, "cpu.cfs_quota_us").write_text(str(quota))
+            (cgroup / "cpu.cfs_period_us").write_text(str(CPU_PERIOD_US))
+            (cgroup / "cpu.cfs_quota_us").write_text(str(quota))
         for pid in pids:
             try:
                 back = str(base) + _origin(pid, controller).rstrip("/")
-                Path(made.cgroup, "cgroup.procs").write_text(str(pid))
+                (cgroup / "cgroup.procs").write_text(str(pid))
             except (FileNotFoundError, ProcessLookupError):
                 continue  # exited meanwhile
             made.origins[pid] = back or str(base)
         if kind == "freeze":
-            Path(made.cgroup, "freezer.state").write_text("FROZEN")
+            (cgroup / "freezer.state").write_text("FROZEN")
     except OSError as e:
         made.undo()
         raise HostFaultError(f"{kind}: cgroup {made.cgroup}: {e.strerror or e}") from None

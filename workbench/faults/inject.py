@@ -19,11 +19,15 @@ import time
 from pathlib import Path
 from typing import Optional, Protocol
 
+from workbench.cluster.base import Cluster
 from workbench.errors import FaultError
-from workbench.events.log import EventWriter
+from workbench.events.writer import EventWriter
 from workbench.faults import armed
 from workbench.faults import kinds as faultkinds
 from workbench.faults import targets as fault_targets
+from workbench.run.rundir import read_record
+from workbench.spec.models import Spec
+from workbench.state.fold import RunState
 from workbench.trainers.registry import trainer_kind
 
 ORIGINS = ("api", "cli", "button", "schedule", "watchdog")
@@ -33,9 +37,9 @@ _writers: dict[str, EventWriter] = {}
 
 class RunHandle(Protocol):
     run_dir: Path
-    spec: object
-    run_state: object
-    cluster: object
+    spec: Spec
+    run_state: RunState
+    cluster: Cluster
 
 
 def control_writer(run_dir, spec_run_id: Optional[str] = None) -> EventWriter:
@@ -43,8 +47,6 @@ def control_writer(run_dir, spec_run_id: Optional[str] = None) -> EventWriter:
     key = str(Path(run_dir).resolve())
     if key not in _writers:
         if spec_run_id is None:
-            from workbench.run.rundir import read_record
-
             spec_run_id = read_record(run_dir)["run_id"]
         _writers[key] = EventWriter(run_dir, f"control-{os.getpid()}", run=spec_run_id)
     return _writers[key]
@@ -65,8 +67,9 @@ def inject(
     writer: Optional[EventWriter] = None,
     fire: bool = False,
     **fields,
-) -> dict:
-    """Inject one fault and record it. Raises FaultError (nothing done) on bad input.
+) -> Optional[dict]:
+    """Inject one fault and record it; the event recorded (None where the run's event log is not writable,
+    ``EventWriter.emit``). Raises FaultError (nothing done) on bad input.
 
     A kind with a ``trigger`` is armed instead (an ``armed`` event; see ``workbench.faults.armed``)
     unless ``fire``: the controller fires it, with the trigger's ``fields``, when its event comes.
@@ -85,7 +88,10 @@ def inject(
     if origin not in ORIGINS:
         raise FaultError(f"origin: {origin!r}; allowed: {', '.join(ORIGINS)}")
     if kind.has_duration:
-        seconds = float(seconds if seconds is not None else kind.default_seconds)
+        chosen = seconds if seconds is not None else kind.default_seconds
+        if chosen is None:
+            raise FaultError(f"seconds: a {kind.name} lasts a number of seconds; none given")
+        seconds = float(chosen)
         if seconds <= 0:
             raise FaultError(f"seconds: a {kind.name} lasts > 0 seconds, got {seconds}")
     else:

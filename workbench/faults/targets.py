@@ -17,6 +17,8 @@ from __future__ import annotations
 
 from typing import Optional
 
+import psutil
+
 from workbench.cluster.procs import Proc
 from workbench.errors import FaultError
 
@@ -43,8 +45,6 @@ def target_proc(kind, trainer, view) -> Optional[Proc]:
 
 
 def _env(pid: int) -> dict:
-    import psutil
-
     try:
         return psutil.Process(pid).environ()
     except psutil.Error:

@@ -18,9 +18,9 @@ while it held until the ``resume`` is there. With the import between undo and
 record, a group whose link came back healed and committed 24 steps before its
 ``resume`` was written (CI, 2 cores under load).
 
-A backend with more to do after the primitive (``backend_undo``: restart a
-killed slurmd) imports the full package for ``Cluster.undo`` and records after
-it, with the fields it returns.
+Whatever a backend's undo needs is that one command (a killed slurmd's
+restart is the command its cluster records), so this module imports no
+backend and no spec.
 """
 
 from __future__ import annotations
@@ -44,12 +44,9 @@ def later(
     argv: Optional[list[str]] = None,
     fields: Optional[dict] = None,
     env: Optional[dict] = None,
-    always: bool = False,
-    backend_undo: bool = False,
 ) -> list:
-    """Undo fault ``kind`` ``seconds`` from now; ``signals``: ``[pid, host, started, sig]`` each;
-    ``backend_undo``: then call the backend's ``Cluster.undo``. Returns the helper's identity
-    ``[pid, host, started]`` (a stop mid-fault ends it)."""
+    """Undo fault ``kind`` ``seconds`` from now; ``signals``: ``[pid, host, started, sig]`` each; ``argv``:
+    one command. Returns the helper's identity ``[pid, host, started]`` (a stop mid-fault ends it)."""
     payload = {
         "until": time.time() + float(seconds),
         "run_dir": str(run_dir),
@@ -57,8 +54,6 @@ def later(
         "signals": signals or [],
         "argv": argv,
         "fields": fields or {},
-        "always": always,
-        "backend_undo": backend_undo,
     }
     helper = subprocess.Popen(
         [sys.executable, "-m", "workbench.faults.undo", json.dumps(payload)],
@@ -69,6 +64,7 @@ def later(
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
+    # not at the top: the helper runs this module and loads only what recording needs (not psutil, submitit)
     from workbench.cluster.procs import HOST, start_time
 
     return [helper.pid, HOST, start_time(helper.pid)]
@@ -78,9 +74,10 @@ def recorder(payload: dict) -> Callable[[float], None]:
     """In the helper, before it sleeps: a function that records the ``resume`` event at time ``t``.
 
     Everything it needs is imported and the run record read here, so that recording after the
-    undo is one write; unless ``backend_undo``, whose ``Cluster.undo`` needs the full package.
+    undo is one write. Imported here, not at the top: where the import or the read fails, ``main``
+    still undoes, and tries to record after it.
     """
-    from workbench.events.log import EventWriter
+    from workbench.events.writer import EventWriter
     from workbench.run.rundir import read_record
 
     run_dir = Path(payload["run_dir"])
@@ -88,22 +85,9 @@ def recorder(payload: dict) -> Callable[[float], None]:
     writer = EventWriter(run_dir, f"control-{os.getpid()}", run=run_record["run_id"])
 
     def record(t: float) -> None:
-        extra = {}
-        if payload.get("backend_undo"):
-            from workbench.cluster import make_cluster
-            from workbench.spec.models import Spec
-
-            extra = make_cluster(Spec.model_validate(run_record["spec"]), run_dir).undo(payload) or {}
         writer.emit(
             "fault",
-            **{
-                "t": t,
-                "action": "resume",
-                "resumed": payload["kind"],
-                "origin": "schedule",
-                **payload["fields"],
-                **extra,
-            },
+            **{"t": t, "action": "resume", "resumed": payload["kind"], "origin": "schedule", **payload["fields"]},
         )
 
     return record
@@ -133,7 +117,7 @@ def main(payload: dict) -> None:
     if payload.get("argv"):
         subprocess.run(payload["argv"], stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         acted = True
-    if acted or payload.get("always"):
+    if acted:
         done = time.time()
         if record is None:
             record = recorder(payload)

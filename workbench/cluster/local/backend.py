@@ -2,7 +2,8 @@
 
 By default (``WORKBENCH_FORK_SERVER`` unset or ``1``) each job is a child forked from
 one process that has imported torch, torchft and the trainer
-(:mod:`workbench.cluster.local.forkserver`, a submitit executor of its own): the same job
+(:mod:`workbench.cluster.local.forkserver`; its submitit executor is
+:mod:`workbench.cluster.local.forkexecutor`): the same job
 folder, pickles and ``local`` job environment, without a new interpreter's imports.
 ``WORKBENCH_FORK_SERVER=0`` uses submitit's ``LocalExecutor`` as before:
 
@@ -25,10 +26,12 @@ from __future__ import annotations
 
 import os
 import signal
+from typing import Optional
 
 import submitit
 
 from workbench.cluster.base import Cluster
+from workbench.cluster.local.forkexecutor import ForkExecutor, ForkServer
 from workbench.errors import FaultError
 from workbench.faults import undo
 from workbench.faults.kinds import FaultKind
@@ -41,7 +44,7 @@ class LocalCluster(Cluster):
 
     def __init__(self, spec, run_dir) -> None:
         super().__init__(spec, run_dir)
-        self.fork_server = None
+        self.fork_server: Optional[ForkServer] = None
 
     @staticmethod
     def forks() -> bool:
@@ -50,13 +53,16 @@ class LocalCluster(Cluster):
 
     def prepare(self) -> None:
         """Start the fork server's imports now, beside the lighthouse's start (the controller calls this)."""
-        if self.forks() and self.fork_server is None:
-            from workbench.cluster.local.forkserver import ForkServer
+        if self.forks():
+            self._started_fork_server()
 
+    def _started_fork_server(self) -> ForkServer:
+        if self.fork_server is None:
             self.fork_server = ForkServer(
                 self.spec.trainer, self.spec.model.model_dump(mode="json"), log=self.run_dir / "forkserver.log"
             )
             self.fork_server.start()
+        return self.fork_server
 
     def close(self) -> None:
         if self.fork_server is not None:
@@ -64,10 +70,7 @@ class LocalCluster(Cluster):
 
     def _make_executor(self) -> submitit.Executor:
         if self.forks():
-            from workbench.cluster.local.forkserver import ForkExecutor
-
-            self.prepare()
-            return ForkExecutor(self.folder, self.fork_server)
+            return ForkExecutor(self.folder, self._started_fork_server())
         ex = submitit.LocalExecutor(folder=self.folder)
         # LocalExecutor's default timeout is 2 minutes; a run's lifetime is the controller's business.
         ex.update_parameters(timeout_min=7 * 24 * 60, tasks_per_node=1)

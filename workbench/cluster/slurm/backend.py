@@ -4,8 +4,9 @@ Which cluster
 -------------
 ``spec.slurm.conf`` names the ``slurm.conf`` every client call uses. Left
 empty, :meth:`SlurmCluster.validate` (run by ``workbench.submit``) pins it:
-``$SLURM_CONF`` if set, else the local dev cluster's when that is up
-(``devcluster.find_slurm_conf()``), else none (the machine's default Slurm).
+``$SLURM_CONF`` if set, else the local dev cluster's when that is up (found
+through its state directory, ``statedir.running_slurm_conf()``), else none
+(the machine's default Slurm).
 The pinned value is in ``run.json``, so the controller, and any process that
 attaches later and kills a job, talk to the same cluster. The controller sets
 ``SLURM_CONF`` in its own environment, which sbatch, sacct and scancel (and
@@ -38,13 +39,14 @@ or unknown jobs are alive.
 
 Faults
 ------
-``slurm_faults.py``: each kind of the table (``workbench.faults.kinds``) the
+``faults.py``: each kind of the table (``workbench.faults.kinds``) the
 way Slurm does it (``scancel --signal``, ``scontrol update``); validation at
-submit is ``slurm_validate.py``.
+submit is ``validate.py``.
 """
 
 from __future__ import annotations
 
+import ipaddress
 import os
 import signal
 import time
@@ -66,6 +68,7 @@ from workbench.cluster.slurm.client import (
     slurm_cmd,
     submit_host_toward_nodes,
 )
+from workbench.trainers.registry import trainer_kind
 
 __all__ = ["SlurmCluster", "TERMINAL_STATES", "client_env", "executor_parameters", "resolve_conf", "slurm_cmd"]
 
@@ -75,10 +78,9 @@ STATE_POLL_S = 0.5
 class SlurmCluster(Cluster):
     name = "slurm"
     preempt_signal = signal.SIGUSR2  # submitit's preemption signal
+    job_gpus_key = "slurm.gpus_per_node"  # jobs run on the nodes: the spec, not this machine, says their GPUs
 
     def __init__(self, spec, run_dir: Path) -> None:
-        from workbench.trainers import trainer_kind
-
         self.conf = resolve_conf(spec)
         self.elastic = trainer_kind(spec.trainer).elastic
         self._states: dict[str, str] = {}
@@ -97,8 +99,6 @@ class SlurmCluster(Cluster):
     def lighthouse_host(self) -> str:
         """``lighthouse.bind_host``; a loopback one becomes this host's address toward the nodes when they
         are not on loopback (the dev cluster's namespaced nodes reach the head at the bridge's address)."""
-        import ipaddress
-
         host = self.spec.lighthouse.bind_host
         try:
             loopback = ipaddress.ip_address(host).is_loopback
@@ -126,11 +126,9 @@ class SlurmCluster(Cluster):
     def cancel(self, job: submitit.Job) -> None:
         slurm_cmd(self.conf, "scancel", str(job.job_id))
 
-    def inject(self, kind, view, seconds, origin: str) -> dict:
+    def inject(self, kind, view, seconds, origin: str, proc=None) -> dict:
+        """``proc`` is never given: the kinds that name another process than the group's are local only."""
         return slurm_faults.inject(self, kind, view, seconds, origin)
-
-    def undo(self, payload: dict) -> dict:
-        return slurm_faults.undo(self, payload)
 
     def stop_all(self, state) -> list[str]:
         """Cancel every job the run submitted, then the processes on this host."""

@@ -1,16 +1,21 @@
 """Talking to a Slurm cluster: which one (``slurm.conf``), its client commands, job states, and
 the submitit parameters a spec's ``slurm`` section means. Shared by the backend
-(``slurm.py``), its validation and its faults; imports neither.
+(``backend.py``), its validation and its faults; imports neither.
 """
 
 from __future__ import annotations
 
 import hashlib
+import ipaddress
 import os
 import re
+import socket
 import subprocess
 from pathlib import Path
 from typing import Any, Optional
+
+from workbench.cluster.slurm.statedir import running_slurm_conf
+from workbench.trainers.placement import node_address
 
 TERMINAL_STATES = frozenset(
     {
@@ -29,14 +34,18 @@ TERMINAL_STATES = frozenset(
 
 
 def resolve_conf(spec) -> Optional[str]:
-    """The slurm.conf this spec's clients use: the spec's, ``$SLURM_CONF``, the dev cluster's, or None."""
+    """The slurm.conf this spec's clients use: the spec's, else :func:`default_conf`."""
     if spec.slurm.conf:
         return str(Path(spec.slurm.conf).expanduser().resolve())
+    return default_conf()
+
+
+def default_conf() -> Optional[str]:
+    """``$SLURM_CONF``, else that of a cluster running from its state directory on this host (the dev
+    cluster's: :func:`~workbench.cluster.slurm.statedir.running_slurm_conf`), else None (Slurm's default)."""
     if os.environ.get("SLURM_CONF"):
         return str(Path(os.environ["SLURM_CONF"]).resolve())
-    from workbench import devcluster
-
-    found = devcluster.find_slurm_conf()
+    found = running_slurm_conf()
     return str(found) if found else None
 
 
@@ -129,37 +138,16 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
     return params
 
 
-def node_address(name: str) -> str:
-    """The address Slurm reaches node ``name`` at (``NodeAddr`` of ``scontrol show node -o``).
-
-    The cluster is ``$SLURM_CONF``'s (inside a job: the job's). Raises
-    ``LookupError`` naming the node when Slurm does not know it.
-    """
-    return node_address_of(os.environ.get("SLURM_CONF"), name)
-
-
-def node_address_of(conf: Optional[str], name: str) -> str:
-    """:func:`node_address` on the cluster of ``conf``."""
-    result = slurm_cmd(conf, "scontrol", "show", "node", "-o", name)
-    m = re.search(r"(?:^|\s)NodeAddr=(\S+)", result.stdout)
-    if result.returncode or not m:
-        raise LookupError(f"node {name!r}: no NodeAddr from scontrol ({(result.stderr or result.stdout).strip()})")
-    return m.group(1)
-
-
 def submit_host_toward_nodes(conf: Optional[str], fallback: str) -> str:
     """This host's address on the way to the cluster's first node; ``fallback`` when that node is on loopback.
 
     The lighthouse binds it: on the dev cluster with namespaced nodes, the bridge's address.
     """
-    import ipaddress
-    import socket
-
     first = (slurm_cmd(conf, "sinfo", "-h", "-N", "-o", "%N").stdout.split() or [None])[0]
     if first is None:
         return fallback
     try:
-        addr = node_address_of(conf, first)
+        addr = node_address(first, conf)
         if ipaddress.ip_address(addr).is_loopback:
             return fallback
         with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:

@@ -34,7 +34,7 @@ from typing import Optional
 import pandas as pd
 
 from workbench.cluster.slurm import drill_probe
-from workbench.cluster.slurm.client import slurm_cmd
+from workbench.cluster.slurm.client import default_conf, slurm_cmd
 from workbench.run.rundir import new_run_id
 
 DRILLS_DIR = "drills"
@@ -123,10 +123,7 @@ def drill(
 ) -> pd.DataFrame:
     """Run the probes (see the module docstring); one row per finding: probe, question, answer, seconds."""
     if conf is None:
-        from workbench.cluster.slurm.client import resolve_conf
-        from workbench.spec.models import Spec
-
-        conf = resolve_conf(Spec(cluster="slurm"))
+        conf = default_conf()
     root = Path(run_root or os.environ.get("WORKBENCH_RUN_ROOT", "runs")).expanduser().resolve() / DRILLS_DIR
     directory = root / new_run_id("drill")
     directory.mkdir(mode=0o700, parents=True)

@@ -13,12 +13,13 @@ the trainer's ``start`` event its node).
 | ``node_down`` | ``scontrol update NodeName=N State=DOWN``: fails the jobs on it; RESUME after ``seconds`` |
 | ``partition``, ``slow_link`` | dev cluster only: the node's veth down / a ``tbf`` on it (``workbench.faults.host``) |
 | ``straggler``, ``freeze`` | the group's processes (on this host: the dev cluster) in a throttling / frozen cgroup |
-| ``slurmd_kill`` | dev cluster only: SIGKILL to the node's slurmd (the dev cluster's record), restarted after ``seconds`` |
+| ``slurmd_kill`` | dev cluster only: SIGKILL to the node's slurmd (its state directory's record, ``statedir``), restarted after ``seconds`` |
 
 [1] A plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption.
 
 Undoing (CONT, RESUME, slurmd restart) is the detached helper's
-(``workbench.faults.undo``), so it happens even if the notebook dies. The ``resume``
+(``workbench.faults.undo``), so it happens even if the notebook dies: each is one
+command, a slurmd's restart the one its state directory records. The ``resume``
 event of a node's fault has the node's name as ``target`` and ``replica_hit``.
 """
 
@@ -28,6 +29,7 @@ import os
 import signal
 from typing import Optional
 
+from workbench.cluster.slurm import statedir
 from workbench.cluster.slurm.client import client_env, slurm_cmd
 from workbench.errors import FaultError
 from workbench.faults import undo as undo_helper
@@ -47,8 +49,12 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
         node = slurm_cmd(conf, "squeue", "-h", "-j", job_id, "-o", "%N").stdout.strip() or None
     if node and ("," in node or "[" in node):  # a multi-node job: its first node
         node = (slurm_cmd(conf, "scontrol", "show", "hostnames", node).stdout.split() or [None])[0]
-    if kind.name in NODE_KINDS and not node:
-        raise FaultError(f"target: replica {view.replica}'s job {job_id} has not started on a node yet")
+
+    def started_node() -> str:
+        """The node a node's fault (or a link's) acts on; FaultError before anything is done if there is none."""
+        if not node:
+            raise FaultError(f"target: replica {view.replica}'s job {job_id} has not started on a node yet")
+        return node
 
     def run_or_fail(*argv: str) -> None:
         result = slurm_cmd(conf, *argv)
@@ -56,48 +62,47 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
             raise FaultError(f"{kind.name}: `{' '.join(argv)}` failed: {(result.stderr or result.stdout).strip()}")
 
     if kind.host is not None:
-        if kind.host == "link" and not node:
-            raise FaultError(f"target: replica {view.replica}'s job {job_id} has not started on a node yet")
+        if kind.host == "link":
+            started_node()
         return {**cluster.inject_host(kind, view, seconds, node=node), "job_id": job_id, "node": node}
     env = client_env(conf)
     node_fields = {"target": node, "node": node, "replica_hit": view.replica}  # a node's undo names the node
     if kind.pauses_process:
+        duration = _duration(kind, seconds)
         run_or_fail("scancel", "--signal=STOP", job_id)
         undo_helper.later(
             cluster.run_dir,
             kind.name,
-            seconds,
+            duration,
             argv=["scancel", "--signal=CONT", job_id],
             env=env,
             fields={"target": view.replica, "job_id": job_id},
         )
     elif kind.name == "node_down":
+        name, duration = started_node(), _duration(kind, seconds)
         run_or_fail(
             "scontrol",
             "update",
-            f"NodeName={node}",
+            f"NodeName={name}",
             "State=DOWN",
             f"Reason=workbench fault ({origin}) on replica {view.replica}",
         )
         undo_helper.later(
             cluster.run_dir,
             kind.name,
-            seconds,
-            argv=["scontrol", "update", f"NodeName={node}", "State=RESUME"],
+            duration,
+            argv=["scontrol", "update", f"NodeName={name}", "State=RESUME"],
             env=env,
             fields=node_fields,
         )
     elif kind.name == "slurmd_kill":
-        from workbench.devcluster import DevClusterError, slurmd_pid
-
+        name, duration = started_node(), _duration(kind, seconds)
         try:
-            pid = slurmd_pid(conf, node)
-        except DevClusterError as e:
+            pid, restart = statedir.recorded_slurmd(conf, name)
+        except LookupError as e:
             raise FaultError(f"slurmd_kill: {e}") from None
         os.kill(pid, signal.SIGKILL)
-        undo_helper.later(
-            cluster.run_dir, kind.name, seconds, always=True, backend_undo=True, env=env, fields=node_fields
-        )
+        undo_helper.later(cluster.run_dir, kind.name, duration, argv=[*restart, name], env=env, fields=node_fields)
     elif kind.signal is not None:
         run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", "--full", job_id)
     else:
@@ -112,13 +117,9 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
     }
 
 
-def undo(cluster, payload: dict) -> dict:
-    """What is left after the helper's command: a killed slurmd is restarted here."""
-    if payload["kind"] != "slurmd_kill":
-        return {}
-    import time
-
-    from workbench.devcluster import restart_slurmd
-
-    restart_slurmd(cluster.conf, payload["fields"]["node"])
-    return {"t": time.time()}
+def _duration(kind: FaultKind, seconds: Optional[float]) -> float:
+    """How long a fault the helper undoes lasts (``faults.inject`` gives every such kind its seconds); checked
+    before the fault is done, which nothing would undo otherwise."""
+    if seconds is None:
+        raise FaultError(f"seconds: a {kind.name} lasts a number of seconds; none given")
+    return seconds

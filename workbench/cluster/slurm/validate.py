@@ -8,11 +8,13 @@ here first, so each refusal names the spec field.
 
 from __future__ import annotations
 
+import getpass
 from pathlib import Path
 from typing import Optional
 
 from workbench.cluster.slurm.client import executor_parameters, resolve_conf, slurm_cmd
 from workbench.errors import SpecError
+from workbench.trainers.registry import trainer_kind
 
 
 def validate(spec) -> None:
@@ -22,8 +24,6 @@ def validate(spec) -> None:
     options submitit would use, which checks partition, account, qos, time
     and node counts without queueing anything.
     """
-    from workbench.trainers import trainer_kind
-
     conf = resolve_conf(spec)
     if conf and not Path(conf).is_file():
         raise SpecError(f"slurm.conf: {conf!r} does not exist")
@@ -79,8 +79,6 @@ def validate(spec) -> None:
 
 def _user_accounts(conf: Optional[str]) -> Optional[set[str]]:
     """The submitting user's accounts from sacctmgr, or None where accounting cannot say."""
-    import getpass
-
     out = slurm_cmd(conf, "sacctmgr", "-n", "-P", "show", "associations", f"user={getpass.getuser()}", "format=Account")
     if out.returncode != 0:
         return None
