@@ -43,7 +43,7 @@ import pandas as pd
 
 from workbench import analysis
 from workbench.errors import SpecError
-from workbench.events.log import EventReader
+from workbench.events.reader import EventReader
 from workbench.experiments.sweep import Sweep, attach_sweep, sweep
 from workbench.faults import kinds as faultkinds
 from workbench.run.rundir import write_json_text

@@ -21,7 +21,8 @@ import pandas as pd
 from workbench import analysis
 from workbench.cluster.procs import HOST, Proc, start_time
 from workbench.errors import SpecError
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.experiments.sweep import runner as controller
 from workbench.experiments.sweep.points import point_spec
 from workbench.experiments.sweep.sweepdir import SWEEP_JSON, is_sweep_dir, read_record
@@ -72,7 +73,7 @@ class Sweep:
         return new
 
     def events(self) -> pd.DataFrame:
-        from workbench.events.log import to_frame
+        from workbench.events.reader import to_frame
 
         self.refresh()
         return to_frame(self._events)
@@ -226,9 +227,9 @@ class Sweep:
         return out
 
     def figures(self, color_by: Optional[str] = None) -> list:
-        from workbench.analysis import compare
+        from workbench.analysis import compare_figures
 
-        return compare.sweep_report_figures(self, color_by=color_by)
+        return compare_figures.sweep_report_figures(self, color_by=color_by)
 
 
 def attach_sweep(sweep_dir: Union[str, os.PathLike]) -> Sweep:

@@ -25,7 +25,8 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-from workbench.events.log import EventReader, EventWriter
+from workbench.events.reader import EventReader
+from workbench.events.writer import EventWriter
 from workbench.experiments.sweep.points import point_spec
 from workbench.experiments.sweep.sweepdir import read_record
 from workbench.run import detached
