@@ -95,14 +95,11 @@ def fork_safety() -> Optional[str]:
     return None
 
 
-WARM_UP = frozenset({"torchft-lite"})
-"""Trainers whose first AdamW step (``tiny_decoder.warm_up_adamw``) the server takes ahead: it imports
-``torch._dynamo``, ``torch._inductor`` and sympy, 2.1 s measured, which a fork then inherits. The trainer
-runs with ``torch.set_num_threads(1)``, which the server sets first so that the step starts no thread."""
-
-
 def preload(trainer: str, model: Optional[dict] = None) -> float:
-    """Import what every attempt of ``trainer`` imports (and warm it up, ``WARM_UP``); the seconds it took.
+    """Import what every attempt of ``trainer`` imports, and run its ``TrainerKind.warm_up`` (torchft-lite's
+    first AdamW step imports ``torch._dynamo``, ``torch._inductor`` and sympy, 2.1 s measured, which a fork then
+    inherits); the seconds it took. The trainer runs with ``torch.set_num_threads(1)``, which the server sets
+    first so that the warm-up starts no thread.
 
     The imports are the point of the server, and timed (``imported_s``), so they are made here, not at the
     top of this module."""
@@ -116,11 +113,10 @@ def preload(trainer: str, model: Optional[dict] = None) -> float:
     if kind.elastic:
         import torchft  # noqa: F401
     importlib.import_module(kind.module)
-    if trainer in WARM_UP and model:
-        from workbench.trainers.lite.model import warm_up_adamw
-
+    if kind.warm_up and model:
+        module, _, function = kind.warm_up.partition(":")
         torch.set_num_threads(1)
-        warm_up_adamw(model)
+        getattr(importlib.import_module(module), function)(model)
     return time.perf_counter() - t0
 
 
