@@ -59,7 +59,7 @@ def test_garbage_lines_are_skipped_and_counted(tmp_path):
     assert reader.skipped_lines == 2
 
 
-def test_writer_survives_its_run_dir_vanishing(tmp_path, caplog):
+def test_writer_survives_its_run_dir_vanishing(tmp_path, capsys):
     run_dir = tmp_path / "run"
     w = EventWriter(run_dir, "replica-0.attempt-0")
     assert w.emit("start") is not None
@@ -69,7 +69,14 @@ def test_writer_survives_its_run_dir_vanishing(tmp_path, caplog):
     (run_dir / "events").write_text("a file where the directory was")
     assert w.emit("step", step=1) is None
     assert w.emit("step", step=2) is None
-    assert any("not writable" in r.message for r in caplog.records)
+    (run_dir / "events").unlink()  # the directory can be made again: the kept events land, then the gap
+    assert w.emit("step", step=3) is not None
+    events = EventReader(run_dir).poll()
+    assert [(e["kind"], e.get("step")) for e in events] == [("step", 1), ("step", 2), ("write_gap", None), ("step", 3)]
+    assert (events[2]["delayed"], events[2]["lost"]) == (2, 0) and "FileExistsError" in events[2]["error"]
+    err = capsys.readouterr().err
+    assert err.count("is not writable") == 1  # once for the episode, not per event
+    assert err.count("is writable again: 2 events written late, 0 lost") == 1
 
 
 def test_a_diverged_loss_is_kept(tmp_path):

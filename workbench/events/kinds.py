@@ -373,6 +373,16 @@ class Kind(StrEnum):
         required("reason", "why"),
         optional("points", "the sweep controller's: each point's run state"),
     )
+    WRITE_GAP = (
+        "write_gap",
+        ANY_WRITER,
+        "the writer could not append to its file for a while, and now can (`workbench/events/writer.py`)",
+        required("since", "the `t` of the first event it could not write"),
+        required("delayed", "events written late, just before this one, each with its own `t`"),
+        required("lost", "events never written: beyond its in-memory backlog, or a half line whose file was replaced"),
+        required("error", "the first error"),
+        "Every other event of the writer is in its file whole and once; the fold counts these (`write_gaps`).",
+    )
     WARNING = (
         "warning",
         ANY_WRITER,

@@ -52,6 +52,7 @@ class RunState:
         self.host_faults: dict = {}  # (kind, replica) -> a machine fault's event (hostfaults), until its resume
         self.events_seen = 0
         self.bad_events = 0
+        self.write_gaps = self.events_lost = 0  # a writer's file unwritable for a while (``write_gap``), events it lost
         self.t0: Optional[float] = None
         self.last_event_t: Optional[float] = None
         self._subscribers: list[Callable[[list[dict]], None]] = []
@@ -316,6 +317,10 @@ class RunState:
 
     def _on_run_end(self, e: dict, t: float) -> None:
         self.run_end = e
+
+    def _on_write_gap(self, e: dict, t: float) -> None:
+        self.write_gaps += 1
+        self.events_lost += int_or_zero(e.get("lost"))
 
     # -- answers -------------------------------------------------------------
     @property
