@@ -20,6 +20,7 @@ from pydantic import BaseModel, ValidationError
 
 from workbench.errors import SpecError
 from workbench.paths import CONFIG_DIR
+from workbench.spec.forms import SubfieldError
 from workbench.spec.models import Spec
 
 
@@ -37,6 +38,9 @@ def _format_errors(err: ValidationError) -> str:
             msg = f"got {e.get('input')!r}; {msg[0].lower()}{msg[1:]}"
         elif msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
+            error = (e.get("ctx") or {}).get("error")
+            if isinstance(error, SubfieldError):
+                field += error.path
         lines.append(f"{field}: {msg}")
     return "invalid spec: " + "; ".join(lines)
 
@@ -113,7 +117,7 @@ def safe_yaml(text: str, where: str):
             raise SpecError(f"{where}: {aliases} YAML aliases; at most {MAX_YAML_ALIASES} are allowed")
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
-        raise SpecError(f"{where}: not valid YAML for safe loading ({e})") from None
+        raise SpecError(f"{where}: not valid YAML for safe loading ({' '.join(str(e).split())})") from None
     except RecursionError:
         raise SpecError(f"{where}: nested too deeply; a spec is at most {MAX_DEPTH} levels deep") from None
     if _depth(data) > MAX_DEPTH:

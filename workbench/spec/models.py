@@ -7,7 +7,9 @@ of comparing names: trainers and what each implements from
 ``trainers.registry``, backends and what each guarantees from
 ``cluster.backends``, fault kinds from ``faults.kinds``. ``spec.load`` builds a
 Spec from a YAML file plus overrides and turns every validation failure into
-one :class:`SpecError` whose message names each bad field and what it allows;
+one :class:`SpecError` whose message names each bad field and what it allows.
+Values that leave Python as text (seeds, flags, script lines, file names) are
+checked for range and form where they are declared (:mod:`.forms`);
 ``spec.preflight`` holds the checks that need the world (a writable run root).
 """
 
@@ -20,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 from pydantic import Field, field_validator, model_validator
 
 from workbench.faults import kinds as faultkinds
+from workbench.spec import forms
 from workbench.spec.sections import (
     DILOCO_FAMILY,
     ChaosSpec,
@@ -77,14 +80,14 @@ class Spec(Section):
     min_replicas: int = Field(1, ge=1, le=1024)
     nproc_per_replica: int = Field(1, ge=1, le=64)
     steps: int = Field(200, ge=1, le=10_000_000)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=forms.SEED_MAX)
     run_root: str = Field(default_factory=lambda: os.environ.get("WORKBENCH_RUN_ROOT", "runs"))
     relaunch: Literal["auto", "off"] = "auto"
     relaunch_delay_s: float = Field(0.0, ge=0, le=3600)
     max_restarts: int = Field(20, ge=0, le=10_000)
     spares: int = Field(0, ge=0, le=64)
     heartbeat_s: float = Field(1.0, gt=0, le=600)
-    checksum_every: int = Field(10, ge=1)
+    checksum_every: int = Field(10, ge=1, le=10_000_000)
     write_events: bool = True
     lighthouse: LighthouseSpec = Field(default_factory=LighthouseSpec)
     torchft: TorchftSpec = Field(default_factory=TorchftSpec)
@@ -97,6 +100,21 @@ class Spec(Section):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     titan: dict[str, Any] = Field(default_factory=dict)
     maxtext: dict[str, Any] = Field(default_factory=dict)
+
+    @field_validator("run_root")
+    @classmethod
+    def _run_root(cls, v: str) -> str:
+        return forms.run_root(v)
+
+    @field_validator("titan")
+    @classmethod
+    def _titan(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return forms.titan_section(v)
+
+    @field_validator("maxtext")
+    @classmethod
+    def _maxtext(cls, v: dict[str, Any]) -> dict[str, Any]:
+        return forms.maxtext_section(v)
 
     @field_validator("cluster")
     @classmethod
@@ -126,6 +144,9 @@ class Spec(Section):
             bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
             if bad:
                 raise ValueError(f"chaos.targets {bad}: each must be in 0..{self.replicas - 1}")
+        # The trainer's own section against a job of one process (MaxText: the keys the wrapper owns); the
+        # Slurm validation checks it again against the job's real process count.
+        trainer_kind(self.trainer).check_job(self, 1)
         return self
 
     def _check_faults(self) -> None:

@@ -7,18 +7,20 @@ algorithm against the backend) is the whole spec's, in :mod:`.models`.
 
 from __future__ import annotations
 
-import re
 from typing import Literal, Optional, get_args
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 
 from workbench.faults import kinds as faultkinds
+from workbench.spec import forms
 
 
 class Section(BaseModel):
-    """A part of the spec: unknown keys refused, every assignment validated."""
+    """A part of the spec: unknown keys refused, every assignment validated, no infinite or NaN number
+    (JSON has neither: ``run.json`` would hold ``Infinity``, and an infinite ``chaos.start_s`` draws faults
+    that never fire)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class LighthouseSpec(Section):
@@ -30,7 +32,9 @@ class LighthouseSpec(Section):
     ``restart_delay_s`` (non-zero to study an outage). On a backend whose runs
     listen on loopback only (``local``), ``bind_host`` must be a loopback
     address unless ``allow_non_loopback`` says otherwise: the lighthouse
-    would take quorum requests from the network.
+    would take quorum requests from the network. ``bind_host`` is an IP
+    address or a host name: it is the lighthouse's ``--bind host:port`` and
+    the URL every group dials.
     """
 
     heartbeat_timeout_ms: int = Field(1000, ge=50, le=600_000)
@@ -40,6 +44,11 @@ class LighthouseSpec(Section):
     port: Optional[int] = Field(None, ge=1, le=65535)
     restart_delay_s: float = Field(0.0, ge=0, le=3600)
     allow_non_loopback: bool = False
+
+    @field_validator("bind_host")
+    @classmethod
+    def _host(cls, v: str) -> str:
+        return forms.host(v)
 
 
 class TorchftSpec(Section):
@@ -115,9 +124,6 @@ class TorchftSpec(Section):
 Algorithm = Literal["ddp", "localsgd", "diloco", "streaming_diloco"]
 ALGORITHMS: tuple[str, ...] = get_args(Algorithm)
 DILOCO_FAMILY = ("diloco", "streaming_diloco")
-TITAN_SEMI_SYNC = {"localsgd": "local_sgd", "diloco": "diloco", "streaming_diloco": "diloco"}
-"""``ft.algorithm`` → TorchTitan's ``fault_tolerance.semi_sync_method`` (its ``maybe_semi_sync_training`` knows
-these two; streaming DiLoCo is its ``diloco`` with ``num_fragments`` > 1)."""
 
 
 class FtSpec(Section):
@@ -264,7 +270,7 @@ class ChaosSpec(Section):
     """
 
     mtbf_s: float = Field(..., gt=0, le=10_000_000)
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, le=forms.SEED_MAX)
     actions: list[str] = Field(default_factory=lambda: ["kill"], min_length=1)
     targets: Optional[list[int]] = None
     start_s: float = Field(5.0, ge=0)
@@ -298,51 +304,51 @@ class SlurmSpec(Section):
     ended job as the next attempt. ``requeue: true`` (checkpoint-restart
     trainers only) lets Slurm requeue it instead, as the same attempt.
     ``sbatch_args`` are extra ``#SBATCH`` options (``{constraint: h100}``).
+    Every value here is a line or an argument of the sbatch script submitit
+    writes, so each is checked for form where it is declared (:mod:`.forms`):
+    Slurm names for ``partition``, ``account`` and ``qos``, one line for the
+    rest, counts Slurm stores.
     """
 
     conf: Optional[str] = None
     partition: Optional[str] = None
     account: Optional[str] = None
     qos: Optional[str] = None
-    time_min: int = Field(60, ge=1)
-    nodes: int = Field(1, ge=1)
-    tasks_per_node: int = Field(1, ge=1)
-    gpus_per_node: int = Field(0, ge=0)
-    cpus_per_task: int = Field(1, ge=1)
+    time_min: int = Field(60, ge=1, le=525_600)  # a year
+    nodes: int = Field(1, ge=1, le=100_000)
+    tasks_per_node: int = Field(1, ge=1, le=4096)
+    gpus_per_node: int = Field(0, ge=0, le=1024)
+    cpus_per_task: int = Field(1, ge=1, le=4096)
     requeue: bool = False
     srun_args: list[str] = Field(default_factory=list)
     setup: list[str] = Field(default_factory=list)
     sbatch_args: dict[str, str] = Field(default_factory=dict)
 
+    @field_validator("conf")
+    @classmethod
+    def _conf(cls, v: Optional[str]) -> Optional[str]:
+        """A path, given to every Slurm client as ``SLURM_CONF``."""
+        return v if v is None else forms.one_line("", v)
+
+    @field_validator("partition", "account", "qos")
+    @classmethod
+    def _names(cls, v: Optional[str], info: ValidationInfo) -> Optional[str]:
+        """Each is an ``#SBATCH --<field>=value`` line and an argument of ``sbatch --test-only``."""
+        return forms.slurm_name(v, str(info.field_name), several=info.field_name == "partition")
+
     @field_validator("sbatch_args")
     @classmethod
     def _sbatch_args(cls, v: dict[str, str]) -> dict[str, str]:
-        """submitit writes each as ``#SBATCH --key=value`` unquoted: a newline would be a shell line."""
-        for key, value in v.items():
-            if not SBATCH_KEY.fullmatch(key):
-                raise ValueError(
-                    f"key {key!r}: an sbatch option name; allowed: letters, digits and '-', starting with a letter"
-                )
-            _one_line(f"[{key}]", value)
+        """submitit writes each as ``#SBATCH --key=value``: a newline would be a shell line."""
+        forms.sbatch_args(v)
         return v
 
     @field_validator("srun_args", "setup")
     @classmethod
     def _lines(cls, v: list[str]) -> list[str]:
         for i, value in enumerate(v):
-            _one_line(f"[{i}]", value)
+            forms.one_line(f"[{i}]", value)
         return v
-
-
-SBATCH_KEY = re.compile(r"[A-Za-z][A-Za-z0-9-]{0,63}")
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
-
-
-def _one_line(where: str, value: str) -> None:
-    if _CONTROL.search(value):
-        raise ValueError(
-            f"{where}: {value!r} has a control character (newline, tab, ...); allowed: one line of printable text"
-        )
 
 
 class CheckpointSpec(Section):
