@@ -13,6 +13,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from workbench.cluster.procs import Marker
 from workbench.cluster.slurm import statedir
 from workbench.cluster.slurm.statedir import StateDir, alive, resolve_state_dir
 from workbench.devcluster import netns
@@ -69,7 +70,9 @@ def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = T
         state = read_state(layout)
         started = not (state and all(alive(state["daemons"].get(d)) for d in DAEMONS))
         if started:
-            stop_recorded(state)
+            _, refused = stop_recorded(layout, state)
+            if refused:
+                raise DevClusterError(f"cannot start afresh: {_not_stopped(refused)}")
             state = _start_all(layout, state, deadline=time.monotonic() + timeout_s, network=_network(namespaces, say))
         elif statedir.RESTART_SLURMD not in state:  # brought up by a workbench that did not record it
             state[statedir.RESTART_SLURMD] = _restart_slurmd_command(layout)
@@ -80,6 +83,8 @@ def up(state_dir: StateDir = None, timeout_s: float = 90.0, namespaces: bool = T
 def down(state_dir: StateDir = None, timeout_s: float = 30.0) -> list[str]:
     """Cancel every job, then stop every daemon recorded by :func:`up`, by PID. Returns the daemons stopped.
 
+    A recorded daemon that does not prove it is the cluster's (``daemons.stop_recorded``) is not signalled
+    and stays recorded; ``down`` finishes the rest, then raises DevClusterError naming each, and why.
     State (accounting database, munge key, slurmctld state) stays, so a later
     :func:`up` continues job ids; delete the state directory to start afresh.
     """
@@ -94,12 +99,18 @@ def down(state_dir: StateDir = None, timeout_s: float = 30.0) -> list[str]:
             return []
         if alive(state["daemons"].get("slurmctld")):
             _cancel_all_jobs(layout, deadline=time.monotonic() + timeout_s)
-        stopped = stop_recorded(state, timeout_s=timeout_s)
-        state["daemons"] = {}
+        stopped, refused = stop_recorded(layout, state, timeout_s=timeout_s)
+        state["daemons"] = {name: e for name, e in state["daemons"].items() if name in refused}
         write_state(layout, state)
         _remove_hosts(layout)
         remove_network()
+    if refused:
+        raise DevClusterError(f"stopped: {' '.join(stopped) or 'nothing'}; {_not_stopped(refused)}")
     return stopped
+
+
+def _not_stopped(refused: dict[str, str]) -> str:
+    return "not stopped: " + "; ".join(f"{name}: {why}" for name, why in refused.items())
 
 
 def remove_network() -> list[str]:
@@ -111,12 +122,26 @@ def remove_network() -> list[str]:
     """
     from workbench.faults import host as hostfaults
 
-    left = hostfaults.sweep()  # cgroups, qdiscs and downed links a fault left (its run's controller died)
+    left = hostfaults.sweep(run_ended)  # what a fault of an ended run left (its controller died); not a live run's
     busy = [ns for ns in netns.ours()["netns"] if netns.pids(ns)]
     if busy:
         return left
     found = netns.remove_all()
     return left + found["netns"] + found["links"]
+
+
+def run_ended(run_dir: str) -> bool:
+    """Whether the run whose host fault ``down`` finds has ended (``workbench.faults.host``: its owner
+    record names ``run_dir``): no run directory there, or the run is over or its controller gone. A run
+    directory that cannot be read is taken as live: its faults stay, for its own stop to undo."""
+    from workbench.run import handle, rundir  # late: the run's fold imports pandas; asked only of a record
+
+    if not rundir.is_run_dir(run_dir):
+        return True
+    try:
+        return handle.attach(run_dir).state() in handle.ENDED
+    except (OSError, ValueError, KeyError):
+        return False
 
 
 def status(state_dir: StateDir = None) -> dict[str, Any]:
@@ -229,6 +254,7 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float, netwo
     user = getpass.getuser()
     ports = choose_ports((old_state or {}).get("ports"))
     fresh_ctld = not any(layout.ctld_state.iterdir())
+    Marker.ensure(layout.root, statedir.DAEMON_MARKER)  # every daemon started below carries it (daemon_env)
     state: dict[str, Any] = {
         "ports": ports,
         "user": user,
@@ -277,7 +303,7 @@ def _start_all(layout: Layout, old_state: Optional[dict], deadline: float, netwo
             _resume_unusable_nodes(layout)
         wait_until(lambda: set(_node_states(layout).values()) == {"idle"}, deadline, layout, "slurmd-n1")
     except BaseException:
-        stop_recorded(state)
+        stop_recorded(layout, state)
         state["daemons"] = {}
         write_state(layout, state)
         _remove_hosts(layout)
