@@ -2,7 +2,9 @@
 
 ``workbench classroom [RUN] [--port P] [--faults]`` (or ``make classroom``)
 serves ``wb.dashboard(run)`` through **Voilà** on 127.0.0.1 with a token, and
-prints the URL to open. Without ``RUN`` the page shows the newest run under
+prints the URL to open. The token is never on a command line: Voilà reads it
+from a file of mode 0600 in the page's private temporary directory
+(:func:`voila_env`), since any local user reads ``/proc/PID/cmdline``. Without ``RUN`` the page shows the newest run under
 the run root, chosen when the page is loaded, so a teacher who submits the next
 run reloads the page instead of restarting the server.
 
@@ -131,7 +133,9 @@ def require_port(port: int) -> None:
             raise ClassroomError(f"--port: {port} on 127.0.0.1 is in use; pick another (--port P)") from None
 
 
-def voila_command(page: Path, port: int, token: str) -> list[str]:
+def voila_command(page: Path, port: int) -> list[str]:
+    """Voilà's command line: no token on it (``/proc/PID/cmdline`` is readable by every local user);
+    ``auto_token`` makes Voilà take the token jupyter_server's way, from :func:`voila_env`'s file."""
     return [
         sys.executable,
         "-m",
@@ -141,10 +145,24 @@ def voila_command(page: Path, port: int, token: str) -> list[str]:
         "--Voila.ip=127.0.0.1",
         f"--port={port}",
         "--Voila.port_retries=0",
-        f"--token={token}",
+        "--Voila.auto_token=True",
         "--strip_sources=True",
         "--show_tracebacks=False",
     ]
+
+
+def voila_env(private_dir: Path, token: str) -> dict[str, str]:
+    """Voilà's environment: ``JUPYTER_TOKEN_FILE`` names a file of mode 0600 holding the token, in
+    ``private_dir`` (0700). Not the token itself in ``JUPYTER_TOKEN``: the environment goes on to
+    every kernel the page starts, a path to a file only its owner reads is harmless there. A
+    ``JUPYTER_TOKEN`` of the caller's is dropped (jupyter_server would take it over the file)."""
+    path = private_dir / "token"
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(token)  # read back as is: no newline
+    env = {k: v for k, v in os.environ.items() if k != "JUPYTER_TOKEN"}
+    env["JUPYTER_TOKEN_FILE"] = str(path)
+    return env
 
 
 def serve(
@@ -171,7 +189,9 @@ def serve(
         what = str(run_dir) if run_dir else f"the newest run under {root_path}"
         print(f"classroom: {what}, fault buttons {'on' if faults else 'off'}", file=out)
         print(f"classroom: http://127.0.0.1:{port}/?token={token}", file=out, flush=True)
-        proc = subprocess.Popen(voila_command(page, port, token), cwd=tmp, stdin=subprocess.DEVNULL)
+        proc = subprocess.Popen(
+            voila_command(page, port), cwd=tmp, env=voila_env(Path(tmp), token), stdin=subprocess.DEVNULL
+        )
         previous = signal.signal(signal.SIGTERM, _interrupt)  # stopped by PID: Voilà (and its kernels) too
         try:
             return proc.wait()

@@ -103,7 +103,16 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve-metrics", help="expose a run's metrics for Prometheus (loopback by default)")
     s.add_argument("run")
     s.add_argument("--port", type=int, default=9464, help="TCP port (default 9464; 0: any free port, printed)")
-    s.add_argument("--addr", default="127.0.0.1", help="address to listen on (default 127.0.0.1)")
+    s.add_argument(
+        "--addr",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1); one that is not loopback needs --allow-remote",
+    )
+    s.add_argument(
+        "--allow-remote",
+        action="store_true",
+        help="let --addr be an address other machines reach: the endpoint has no authentication",
+    )
     s.add_argument(
         "--otlp",
         default=None,

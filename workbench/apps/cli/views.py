@@ -26,6 +26,12 @@ def cmd_serve_metrics(args) -> int:
         raise ValueError(f"--otlp: {args.otlp!r}; allowed: an OTLP/HTTP metrics URL (http://HOST:4318/v1/metrics)")
     if not 0.1 <= args.otlp_every <= 3600:
         raise ValueError(f"--otlp-every: {args.otlp_every}; allowed: 0.1-3600 seconds")
+    remote = not is_loopback(args.addr)
+    if remote and not args.allow_remote:
+        raise ValueError(
+            f"--addr: {args.addr!r} is not a loopback address; allowed: 127.0.0.0/8, ::1 or localhost, "
+            "or any address with --allow-remote (the endpoint has no authentication)"
+        )
     run = attach(args.run)
     collector = exporter.RunCollector(run)
     try:
@@ -44,8 +50,16 @@ def cmd_serve_metrics(args) -> int:
     done = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: done.set())
+    if remote:
+        print(
+            f"workbench serve-metrics: --allow-remote: {args.addr!r} is not loopback and the endpoint has no "
+            "authentication: whoever reaches it reads the run's metrics",
+            file=sys.stderr,
+            flush=True,
+        )
+    host = f"[{args.addr}]" if ":" in args.addr else args.addr  # an IPv6 address, as a URL writes it
     print(
-        f"serving metrics of {run.id} on http://{args.addr}:{server.server_port}/metrics"
+        f"serving metrics of {run.id} on http://{host}:{server.server_port}/metrics"
         + (f"; pushing OTLP to {args.otlp} every {args.otlp_every:g} s" if args.otlp else ""),
         flush=True,
     )
@@ -54,6 +68,20 @@ def cmd_serve_metrics(args) -> int:
     if provider is not None:
         provider.shutdown()
     return 0
+
+
+def is_loopback(addr: str) -> bool:
+    """``addr`` names loopback only: 127.0.0.0/8, ::1 (or its IPv4-mapped form), or ``localhost``."""
+    import ipaddress
+
+    if addr == "localhost":
+        return True
+    try:
+        ip = ipaddress.ip_address(addr)
+    except ValueError:
+        return False  # a host name other than localhost, or "" (every interface)
+    mapped = getattr(ip, "ipv4_mapped", None)
+    return (mapped or ip).is_loopback
 
 
 def cmd_report(args) -> int:
