@@ -17,7 +17,8 @@ to be reachable from elsewhere, so the workbench binds each to loopback:
   127.0.0.1 (``master_listen_fd``), and :func:`loopback_process_group`
   subclasses a torchft process group to host its rendezvous store that way.
 
-:func:`install` patches torchft's module attributes, so it also covers a
+:func:`install` patches torchft's module attributes (the private ones through
+:mod:`workbench.trainers.compat.torchft_compat`), so it also covers a
 Manager and process group that someone else builds (torchtitan's
 ``TorchFTManager`` calls ``torchft.ProcessGroupGloo(...)`` and
 ``torchft.Manager(...)`` without a hostname); call it before they are built.
@@ -38,12 +39,13 @@ interface before it imports them.
 
 from __future__ import annotations
 
-import json
 import socket
 from http.server import ThreadingHTTPServer
 from urllib.parse import urlsplit
 
 import psutil
+
+from workbench.trainers.compat import torchft_compat
 
 HOST = "127.0.0.1"
 _LISTEN_SOCKETS: list[socket.socket] = []
@@ -108,8 +110,7 @@ def loopback_store():
 
 
 def loopback_address(transport) -> str:
-    port = transport._server.socket.getsockname()[1]
-    return f"http://{HOST}:{port}/checkpoint/"
+    return f"http://{HOST}:{torchft_compat.http_transport_port(transport)}/checkpoint/"
 
 
 def install(host: str = None) -> None:
@@ -117,13 +118,12 @@ def install(host: str = None) -> None:
     (``host`` when given)."""
     import torchft
     import torchft.checkpointing.http_transport as http_transport
-    import torchft.manager as manager
 
     if host:
         bind_to(host)
-    http_transport._IPv6HTTPServer = LoopbackHTTPServer
+    torchft_compat.replace_checkpoint_http_server(LoopbackHTTPServer)
     http_transport.HTTPTransport.address = loopback_address
-    upstream = manager.ManagerServer
+    upstream = torchft_compat.manager_server_factory()
     if getattr(upstream, "_workbench_loopback", False):
         return
 
@@ -131,7 +131,7 @@ def install(host: str = None) -> None:
         return upstream(*args, **{**kwargs, "hostname": HOST}, bind=bind.replace("[::]", HOST))
 
     loopback_manager_server._workbench_loopback = True
-    manager.ManagerServer = loopback_manager_server
+    torchft_compat.set_manager_server_factory(loopback_manager_server)
     for name in ("ProcessGroupGloo", "ProcessGroupNCCL"):
         base = getattr(torchft, name, None)
         if base is not None:
@@ -143,15 +143,7 @@ def loopback_process_group(base: type) -> type:
 
     class LoopbackProcessGroup(base):
         def get_reconfigure_handle(self) -> str:
-            if self._rendezvous_store is None:
-                self._rendezvous_store = loopback_store()
-            return json.dumps(
-                {
-                    "id": self._handle_id(),
-                    "store": f"{HOST}:{self._rendezvous_store.port}",
-                    "global_rank": self._global_rank,
-                }
-            )
+            return torchft_compat.reconfigure_handle(self, HOST, loopback_store)
 
     LoopbackProcessGroup.__name__ = LoopbackProcessGroup.__qualname__ = f"Loopback{base.__name__}"
     return LoopbackProcessGroup

@@ -40,7 +40,8 @@ class TrainerKind:
     (torchft-lite: the first AdamW step's imports, 2.1 s measured).
     ``check_processes``: ``"module:function"`` that checks the trainer's own
     section against a job of N processes (``function(section, N)``, ValueError
-    naming the key), called by the Slurm validation before submit.
+    naming the key), called by the spec's validation (N = 1) and by the Slurm
+    validation before submit (N = the job's tasks).
 
     Which process of a group the single-point fault kinds hit (``faultkinds``:
     a kind's ``process`` names one of these fields; None: the trainer has no

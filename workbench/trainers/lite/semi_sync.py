@@ -57,7 +57,7 @@ it was frozen, it would heal at that sync anyway, and the window it cut short
 is the one it would lose. The sync says ``early: true``. Measured the same
 way: the peers blocked 0.08–0.11 s, and the sync came 1.9 s sooner. torchft
 has no call for an early sync: the window's step counter (``_local_step``) is
-advanced to the step before the sync.
+advanced to the step before the sync (:func:`workbench.trainers.compat.torchft_compat.set_local_step`).
 
 Bytes
 -----
@@ -75,6 +75,7 @@ import contextlib
 import time
 from typing import Any, Optional
 
+from workbench.trainers.compat import torchft_compat
 from workbench.trainers.kit import StepPhases, weights_checksum
 from workbench.trainers.lite.model import make_batch
 
@@ -179,7 +180,7 @@ class SemiSync:
                 bucket_cap_mb=ft.get("bucket_cap_mb"),
             )
             self.inner_per_sync = ft["sync_every"] // n
-            self.fragments = self.impl._fragments
+            self.fragments = torchft_compat.diloco_fragments(self.impl)
             for i, frag in enumerate(self.fragments):
                 self._wrap_fragment(i, frag)
         self.impl.__enter__()
@@ -244,7 +245,7 @@ class SemiSync:
             allreduces=self.counter.calls - self._calls0,
             seconds=seconds,
             participants=m.num_participants(),
-            quorum_id=commit["quorum_id"] if commit else m._quorum_id,
+            quorum_id=commit["quorum_id"] if commit else torchft_compat.quorum_id(m),
             committed=bool(commit["commit_result"]) if commit else m.current_step() > self._step0,
             **parts,
         )
@@ -256,7 +257,7 @@ class SemiSync:
             self.impl.sync()
         else:
             self.manager.start_quorum()
-            frag = self.fragments[self.impl._current_fragment()]
+            frag = self.fragments[torchft_compat.diloco_current_fragment(self.impl)]
             frag.prepare_sync()
             frag.perform_sync()
         done, self.done = self.done, None
@@ -272,11 +273,10 @@ class SemiSync:
     def sync_next_step(self) -> None:
         """End the window at the next inner step ("Catching up" in the module docstring)."""
         impl = self.impl
-        last = (
-            impl._sync_every - 1 if self.algorithm == "localsgd" else impl._sync_every - impl._fragment_sync_delay - 1
-        )
-        if impl._local_step < last:
-            impl._local_step = last
+        window = torchft_compat.sync_every(impl)
+        last = window - 1 if self.algorithm == "localsgd" else window - torchft_compat.fragment_sync_delay(impl) - 1
+        if torchft_compat.local_step(impl) < last:
+            torchft_compat.set_local_step(impl, last)
             self._early = True
 
 
@@ -328,7 +328,7 @@ def train(
             committed=True if sync is None else bool(sync["committed"]),
             participating=bool(manager.is_participating()),
             participants=manager.num_participants(),
-            quorum_id=manager._quorum_id if sync is None else sync["quorum_id"],
+            quorum_id=torchft_compat.quorum_id(manager) if sync is None else sync["quorum_id"],
             step_time_s=dt,
             tokens_per_s=tokens / dt if dt else None,
             batch_seed=[spec["seed"], before, ctx.replica],

@@ -31,6 +31,7 @@ from datetime import timedelta
 
 from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
+from workbench.trainers.compat import torchft_compat
 from workbench.trainers.kit import Heartbeat, StepPhases, StopRequest, state_bytes, weights_checksum
 from workbench.trainers.lite import semi_sync
 from workbench.trainers.lite.model import build_model, init_adamw_state, make_batch, warm_up_adamw
@@ -54,7 +55,6 @@ def run(ctx: JobContext) -> None:
 
     torch.set_num_threads(1)
     from torchft import DistributedDataParallel, Manager, Optimizer
-    from torchft.checkpointing.http_transport import HTTPTransport
 
     from workbench.trainers.torchft import ddp_hook
 
@@ -72,23 +72,20 @@ def run(ctx: JobContext) -> None:
     heal_stats: dict = {}
     waits: list = []
 
-    class InstrumentedTransport(HTTPTransport):
-        """HTTPTransport that measures what a heal fetched, for the ``heal`` event."""
+    def fetch(address, timeout):
+        t0 = time.perf_counter()
+        with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+            t1 = time.perf_counter()  # headers: the serving side has staged its state (allow_checkpoint)
+            out = torchft_compat.streaming_load(f, weights_only=False)
+        t2 = time.perf_counter()
+        waits.append((t0, t1, t2))
+        return out
+
+    class InstrumentedTransport(torchft_compat.http_transport_with_fetch(fetch)):
+        """torchft's HTTPTransport that measures what a heal fetched, for the ``heal`` event."""
 
         def address(self) -> str:
             return loopback.loopback_address(self)
-
-        @classmethod
-        def _load_from_address(cls, address, timeout):
-            from torchft.checkpointing._serialization import _streaming_load  # torchft: see run()
-
-            t0 = time.perf_counter()
-            with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
-                t1 = time.perf_counter()  # headers: the serving side has staged its state (allow_checkpoint)
-                out = _streaming_load(f, weights_only=False)
-            t2 = time.perf_counter()
-            waits.append((t0, t1, t2))
-            return out
 
         def recv_checkpoint(self, src_rank, metadata, step, timeout):
             waits.clear()
@@ -124,7 +121,11 @@ def run(ctx: JobContext) -> None:
     if tf.get("checkpoint_transport", "pg") == "pg":
         init_adamw_state(inner_opt)  # the heal receives into it in place; AdamW would create the same zeros lazily
         transport = _pg_transport(
-            pg, timeout, heal_stats, f"pg://{host}/replica_{ctx.replica}", lambda: manager._manager_state_dict()
+            pg,
+            timeout,
+            heal_stats,
+            f"pg://{host}/replica_{ctx.replica}",
+            lambda: torchft_compat.manager_state_dict(manager),
         )
     else:
         transport = InstrumentedTransport(timeout=timeout, num_chunks=int(tf.get("http_chunks", 0)))
@@ -257,7 +258,7 @@ def run(ctx: JobContext) -> None:
                 committed, quorum_id = (
                     (commit["commit_result"], commit["quorum_id"])
                     if commit is not None
-                    else (step > step_before, manager._quorum_id)
+                    else (step > step_before, torchft_compat.quorum_id(manager))
                 )
                 fields = dict(
                     step=step,
@@ -328,11 +329,8 @@ def _pg_transport(pg, timeout, heal_stats: dict, address: str, state_dict):
         def recv_checkpoint(self, src_rank, metadata, step, timeout):
             t0 = time.perf_counter()
             first = _FirstRecv(pg, t0)
-            self._pg = first
-            try:
+            with torchft_compat.pg_transport_process_group(self, first):
                 sd = super().recv_checkpoint(src_rank, metadata, step, timeout)
-            finally:
-                self._pg = pg
             seconds, nbytes = time.perf_counter() - t0, state_bytes(sd)
             heal_stats.update(
                 seconds=seconds,
@@ -359,7 +357,7 @@ def _install_timing(manager, inner_opt):
     wrapper and the hook's wait, including any quorum wait inside it.
     """
     phases = StepPhases()
-    manager._async_quorum = phases.timed("quorum_rtt", manager._async_quorum)
+    torchft_compat.wrap_async_quorum(manager, lambda quorum: phases.timed("quorum_rtt", quorum))
     manager.wait_quorum = phases.timed("quorum_wait", manager.wait_quorum)
     manager.should_commit = phases.timed("commit_vote", manager.should_commit)
     inner_opt.step = phases.timed("inner_step", inner_opt.step)
@@ -367,12 +365,9 @@ def _install_timing(manager, inner_opt):
 
 
 def _timed_ddp(base, phases):
-    class TimedDDP(base):
-        @staticmethod
-        def _comm_hook(state, bucket):
-            return phases.timed("allreduce", base._comm_hook)(state, bucket)
-
-    return TimedDDP
+    return torchft_compat.ddp_with_comm_hook(
+        base, phases.timed("allreduce", torchft_compat.comm_hook(base)), "TimedDDP"
+    )
 
 
 def _finish(writer, manager, model, reason: str, step: int, loop_t0: float, iterations: int) -> None:

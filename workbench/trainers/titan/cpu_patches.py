@@ -30,7 +30,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from torch.distributed.distributed_c10d import _set_pg_timeout
+
+from workbench.trainers.compat import torch_compat, torchtitan_compat
 
 KERNELS_MODULE = "torchtitan.distributed.minimal_async_ep.kernels"
 
@@ -122,10 +123,9 @@ def flex_attention_no_backward_on_cpu() -> None:
     ``mask_mod``.
     """
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
-    from torchtitan.models.common import attention
     from torchtitan.models.common.attention import FlexAttention
 
-    attention._compiled_create_block_mask = create_block_mask
+    torchtitan_compat.set_block_mask_builder(create_block_mask)
 
     if getattr(FlexAttention.forward, "_workbench_cpu", False):
         return
@@ -176,7 +176,8 @@ def barrier_device_ids_and_set_timeout() -> None:
     calls ``barrier(device_ids=[torch.cpu.current_device()])``, a TypeError on
     CPU (gloo takes no device ids), then ``torch.distributed.set_timeout``,
     which torch 2.13.0 does not have. The CPU version does a plain barrier and
-    sets each group's timeout through c10d's ``_set_pg_timeout``.
+    sets each group's timeout through c10d's ``_set_pg_timeout``
+    (:func:`workbench.trainers.compat.torch_compat.set_pg_timeout`).
     """
     from torchtitan.distributed import utils as dist_utils
 
@@ -184,7 +185,7 @@ def barrier_device_ids_and_set_timeout() -> None:
         dist.barrier()
         groups = [m.get_group() for m in parallel_dims.get_all_one_dimensional_meshes().values()]
         for group in [*groups, None]:
-            _set_pg_timeout(timeout, group)
+            torch_compat.set_pg_timeout(timeout, group)
 
     dist_utils.set_pg_timeouts = set_pg_timeouts
 

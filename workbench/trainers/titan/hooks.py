@@ -65,6 +65,7 @@ from typing import Any, Optional
 
 from workbench.events.writer import EventWriter
 from workbench.run.rundir import dir_bytes
+from workbench.trainers.compat import torchft_compat, torchtitan_compat
 from workbench.trainers.kit import Heartbeat, state_bytes, weights_checksum
 from workbench.trainers.loopback import heal_fields
 from workbench.trainers.titan.rank_state import RankLocalState, local_model_state
@@ -100,7 +101,7 @@ class TitanEvents:
       quorum and apply a received checkpoint (see the module docstring).
     - ``train_step``: time it and emit the ``step`` event.
     - ``MetricsProcessor.log``: the loss torchtitan computed for the step.
-    - ``TorchFTCheckpointManager._save``: ``checkpoint`` events.
+    - ``TorchFTCheckpointManager.save``: ``checkpoint`` events.
     - ``should_continue_training``: the step boundary where a planned stop
       (``group_stop``) is taken.
 
@@ -145,7 +146,7 @@ class TitanEvents:
             FaultTolerantTrainer.forward_backward_step,
             FaultTolerantTrainer.should_continue_training,
         )
-        log_metrics, save = MetricsProcessor.log, TorchFTCheckpointManager._save
+        log_metrics, save = MetricsProcessor.log, TorchFTCheckpointManager.save
 
         def __init__(trainer, config):
             init(trainer, config)
@@ -176,11 +177,11 @@ class TitanEvents:
             hooks._step_state["grad_norm"] = float(grad_norm)
             return log_metrics(processor, step, global_avg_loss, global_max_loss, grad_norm, *args, **kwargs)
 
-        def _save(checkpointer, curr_step, last_step=False):
+        def save_hook(checkpointer, curr_step, last_step=False):
             t0 = time.perf_counter()
             saved = save(checkpointer, curr_step, last_step)
             if saved:
-                path = checkpointer._create_checkpoint_id(curr_step)
+                path = torchtitan_compat.checkpoint_path(checkpointer, curr_step)
                 hooks.emit(
                     "checkpoint",
                     step=curr_step,
@@ -196,7 +197,7 @@ class TitanEvents:
         FaultTolerantTrainer.forward_backward_step = forward_backward_step
         FaultTolerantTrainer.should_continue_training = should_continue_training
         MetricsProcessor.log = log
-        TorchFTCheckpointManager._save = _save
+        TorchFTCheckpointManager.save = save_hook
         return self
 
     def _attach(self, trainer) -> None:
@@ -204,7 +205,7 @@ class TitanEvents:
         self.manager = manager = trainer.ft_manager.manager
         self._local_state = RankLocalState(trainer.checkpointer)
         self._local_state.install(manager)
-        transport = manager._checkpoint_transport
+        transport = torchft_compat.checkpoint_transport(manager)
         recv = transport.recv_checkpoint
         should_commit = manager.should_commit
         hooks = self
@@ -259,10 +260,9 @@ class TitanEvents:
     def _quorum_then_heal(self) -> None:
         manager = self.manager
         manager.wait_quorum()
-        if manager._healing:
+        if torchft_compat.is_healing(manager):
             t0 = time.perf_counter()
-            manager._apply_pending_state_dict()
-            manager._healing = False
+            torchft_compat.apply_pending_heal(manager)
             self._sync_lr_to_scheduler()
             self._step_state["healed"] = True
             weights = self._weights()
@@ -322,11 +322,7 @@ class TitanEvents:
         trainer, manager = self.trainer, self.manager
         checkpointer = trainer.checkpointer
         if checkpointer.enable and trainer.step > 0 and trainer.step % checkpointer.interval:
-            checkpointer._should_save = lambda curr_step, last_step=False: True  # this once, off the interval
-            try:
-                checkpointer.save(trainer.step)
-            finally:
-                del checkpointer._should_save
+            torchtitan_compat.save_off_interval(checkpointer, trainer.step)
         checkpointer.maybe_wait_for_saving()
         if self._heartbeat is not None:
             self._heartbeat.stop()

@@ -63,7 +63,6 @@ from typing import Any, Optional
 
 from workbench.events.writer import EventWriter
 from workbench.paths import CHECKOUT, CONFIG_DIR
-from workbench.spec.sections import TITAN_SEMI_SYNC
 from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
 from workbench.trainers.kit import die_with_parent, hold_stop_signals, on_stop_signals, signal_pid
@@ -72,6 +71,9 @@ from workbench.trainers.titan.assets import ensure_assets
 
 RANK_MODULE = "workbench.trainers.titan.rank"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
+SEMI_SYNC_METHOD = {"localsgd": "local_sgd", "diloco": "diloco", "streaming_diloco": "diloco"}
+"""``ft.algorithm`` → TorchTitan's ``fault_tolerance.semi_sync_method`` (its ``maybe_semi_sync_training`` knows
+these two; streaming DiLoCo is its ``diloco`` with ``num_fragments`` > 1)."""
 
 
 # -- configs -----------------------------------------------------------------
@@ -152,7 +154,7 @@ def ft_overrides(spec: dict) -> dict:
     if algorithm == "ddp":
         return {}
     out: dict[str, Any] = {
-        "fault_tolerance.semi_sync_method": TITAN_SEMI_SYNC[algorithm],
+        "fault_tolerance.semi_sync_method": SEMI_SYNC_METHOD[algorithm],
         "fault_tolerance.sync_steps": ft["sync_every"],
     }
     if algorithm != "localsgd":

@@ -16,6 +16,7 @@ its CPU patches (:mod:`.cpu_patches`), which must precede torchtitan.
 
 from __future__ import annotations
 
+from workbench.trainers.compat import torch_compat, torchft_compat
 from workbench.trainers.kit import local_shard
 
 
@@ -34,7 +35,7 @@ def local_model_state(modules) -> dict:
             out[prefix + name] = local_shard(param)
         for mod_name, mod in module.named_modules():
             for name, buf in mod.named_buffers(recurse=False):
-                if buf is not None and name not in mod._non_persistent_buffers_set:
+                if buf is not None and name not in torch_compat.non_persistent_buffers(mod):
                     out[f"{prefix}{mod_name + '.' if mod_name else ''}{name}"] = local_shard(buf)
     return out
 
@@ -92,8 +93,7 @@ class RankLocalState:
 
     def install(self, manager) -> None:
         """Replace the pair torchtitan registered (``set_state_dict_fns``) with this one."""
-        if len(manager._user_state_dicts) != 1:
-            raise RuntimeError(f"expected torchtitan's one state-dict pair, found {list(manager._user_state_dicts)}")
-        key = next(iter(manager._user_state_dicts))
-        manager._user_state_dicts[key] = self.state_dict
-        manager._load_state_dict_fns[key] = self.load_state_dict
+        keys = torchft_compat.state_dict_keys(manager)
+        if len(keys) != 1:
+            raise RuntimeError(f"expected torchtitan's one state-dict pair, found {keys}")
+        torchft_compat.replace_state_dict_fn(manager, keys[0], self.load_state_dict, self.state_dict)

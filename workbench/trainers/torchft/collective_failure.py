@@ -65,6 +65,7 @@ import threading
 from datetime import timedelta
 
 from workbench.faults import arm_file
+from workbench.trainers.compat import torchft_compat
 
 TRIGGER = "allreduce"
 
@@ -72,16 +73,16 @@ TRIGGER = "allreduce"
 def drop_on_error(manager) -> None:
     """After ``manager.report_error``, drop the Manager's process group (see the module docstring)."""
     report = manager.report_error
-    wrapper = manager._pg
+    wrapper = torchft_compat.manager_process_group(manager)
 
     def report_and_drop(e: Exception) -> None:
         report(e)
-        failed = getattr(wrapper, "_pg", None)
+        failed = torchft_compat.wrapped_process_group(wrapper)
         if failed is None:
             return
 
         def drop() -> None:
-            if wrapper._pg is failed:
+            if torchft_compat.wrapped_process_group(wrapper) is failed:
                 wrapper.abort()
 
         if isinstance(threading.current_thread(), threading._DummyThread):
@@ -95,14 +96,14 @@ def drop_on_error(manager) -> None:
 def pg_timeout_only(pg_timeout: timedelta) -> None:
     """In this process, torchft's Manager arms no timer of its own on a collective's future when the
     process group's ``pg_timeout`` fails the collective first (see the module docstring)."""
-    import torchft.manager  # late: the trainer imports this module before torchft (lite.trainer.run)
 
-    armed_timer = torchft.manager.future_timeout
+    def skip_when_longer(armed_timer):
+        def future_timeout(fut, timeout: timedelta):
+            return fut if timeout >= pg_timeout else armed_timer(fut, timeout)
 
-    def future_timeout(fut, timeout: timedelta):
-        return fut if timeout >= pg_timeout else armed_timer(fut, timeout)
+        return future_timeout
 
-    torchft.manager.future_timeout = future_timeout
+    torchft_compat.replace_future_timeout(skip_when_longer)
 
 
 def hold_when_armed(pg, run_dir, replica: int, writer, manager_step) -> None:

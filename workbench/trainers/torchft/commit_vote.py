@@ -25,6 +25,8 @@ a pending heal) and logs the commit record as before.
 
 from __future__ import annotations
 
+from workbench.trainers.compat import torchft_compat
+
 
 class LocalVoteClient:
     """Wraps a Manager's ManagerClient; ``should_commit`` returns the rank's own vote."""
@@ -42,4 +44,4 @@ class LocalVoteClient:
 def install(manager, world_size: int) -> None:
     if world_size != 1:
         raise ValueError(f"a local commit vote is only the group's vote with one rank, not {world_size}")
-    manager._client = LocalVoteClient(manager._client)
+    torchft_compat.replace_client(manager, LocalVoteClient)

@@ -31,6 +31,8 @@ from __future__ import annotations
 import torch
 from torch.distributed import AllreduceOptions, ReduceOp
 
+from workbench.trainers.compat import torchft_compat
+
 
 def sum_options() -> AllreduceOptions:
     opts = AllreduceOptions()
@@ -48,7 +50,9 @@ def allreduce_and_wait(manager, pg, tensor, opts: AllreduceOptions):
         try:
             pg.allreduce([tensor], opts).wait()
         except Exception as e:
-            manager._logger.exception(f"got exception in all reduce -- skipping remaining: {e}")  # as torchft logs it
+            torchft_compat.manager_logger(manager).exception(
+                f"got exception in all reduce -- skipping remaining: {e}"
+            )  # as torchft logs it
             manager.report_error(e)
         else:
             tensor /= participants
@@ -62,9 +66,7 @@ def lean_ddp(base, pg):
     over ``pg``, the Manager's process group."""
     opts = sum_options()
 
-    class LeanDistributedDataParallel(base):
-        @staticmethod
-        def _comm_hook(state, bucket):
-            return allreduce_and_wait(state, pg, bucket.buffer(), opts)
+    def hook(state, bucket):
+        return allreduce_and_wait(state, pg, bucket.buffer(), opts)
 
-    return LeanDistributedDataParallel
+    return torchft_compat.ddp_with_comm_hook(base, hook, "LeanDistributedDataParallel")

@@ -13,11 +13,16 @@ Every quorum result a replica receives from that lighthouse therefore arrives
 after the file was updated, so all replicas map it to the same
 ``epoch · STRIDE + id``, including a replica that never saw the old
 lighthouse.
+
+The Manager exposes a quorum result to no callback: the ids are renumbered
+on their way from the Manager's client (:func:`workbench.trainers.compat.torchft_compat.map_quorum_results`).
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+
+from workbench.trainers.compat import torchft_compat
 
 STRIDE = 1_000_000
 
@@ -33,23 +38,14 @@ def read_epoch(path: Path) -> int:
         return 0
 
 
-class EpochQuorumClient:
-    """Wraps a Manager's ManagerClient; only ``_quorum`` is changed."""
+def install(manager, run_dir) -> None:
+    """Every quorum id ``manager`` receives becomes ``epoch · STRIDE + id`` (see the module docstring)."""
+    path = epoch_path(run_dir)
 
-    def __init__(self, client, path: Path) -> None:
-        self._client = client
-        self._path = path
-
-    def _quorum(self, *args, **kwargs):
-        result = self._client._quorum(*args, **kwargs)
-        epoch = read_epoch(self._path)
+    def renumber(result):
+        epoch = read_epoch(path)
         if epoch:
             result.quorum_id = epoch * STRIDE + result.quorum_id
         return result
 
-    def __getattr__(self, name):
-        return getattr(self._client, name)
-
-
-def install(manager, run_dir) -> None:
-    manager._client = EpochQuorumClient(manager._client, epoch_path(run_dir))
+    torchft_compat.map_quorum_results(manager, renumber)
