@@ -25,16 +25,15 @@ def test_a_dead_controller_is_reported_and_stop_still_ends_every_process(start_r
     ctl, lighthouse = run.run_state.controller, run.run_state.lighthouse
     assert ctl is not None and lighthouse is not None and lighthouse.alive()
     os.kill(ctl.pid, signal.SIGKILL)  # the OOM killer, say
-    t_killed = time.monotonic()
-    run.wait_for(lambda r: r.state() == "lost", timeout=10)
-    assert time.monotonic() - t_killed < 5
+    run.wait_for(lambda r: r.state() == "lost", timeout=30)
     assert "has exited" in run.status()["controller"]
     with pytest.raises(ControllerGone, match="controller pid .* has exited"):
         run.wait(timeout=10)
     cli = workbench_cli("wait", str(run.run_dir), timeout=60)
     assert cli.returncode == 2 and "controller pid" in cli.stderr and "workbench stop" in cli.stderr
     assert len(run.pids()) >= 3  # the jobs and the lighthouse outlive their controller
-    assert run.stop(timeout=5)["state"] == "stopped"
+    stopped = run.stop(timeout=5)
+    assert stopped["state"] == "stopped" and stopped["not_stopped"] == []  # each process proved it is the run's
     run.wait_for(lambda r: not r.pids(), timeout=15)
     assert not lighthouse.alive()
 
@@ -83,7 +82,13 @@ def test_a_lone_group_that_is_slow_but_alive_is_not_a_hang_and_a_stopped_one_is(
         for e in run.events_read
         if e.get("replica") == 0 and e["t"] <= fault["t"] and e["kind"] in ("heartbeat", "step")
     )
-    assert hang["t"] - last_sign >= 1.0 and hang["t"] - fault["t"] < 3.5
+    # Reported past the timeout and while the group is stopped (it runs again at its ``resume``, 4 s on). How
+    # soon after the timeout is a speed figure: ``hang_reported_s`` of ``python -m bench.netfaults``.
+    resumed = run.wait_for(
+        lambda r: any(e["kind"] == "fault" and e.get("resumed") == "hang" for e in r.events_read), timeout=30
+    )
+    resume = next(e for e in resumed.events_read if e["kind"] == "fault" and e.get("resumed") == "hang")
+    assert hang["t"] - last_sign >= 1.0 and fault["t"] < hang["t"] < resume["t"], (fault, hang, resume)
     run.stop()
 
 

@@ -8,7 +8,7 @@ import time
 
 import psutil
 
-from workbench.cluster.procs import HOST, Proc, start_time
+from workbench.cluster.procs import HOST, Marker, Proc, start_time
 from workbench.events import reader as events
 from workbench.faults import undo
 from workbench.run import rundir
@@ -38,7 +38,10 @@ def test_the_resume_is_recorded_at_the_undo_without_importing_the_package_api(tm
     (stand_in / "pandas.py").write_text("raise ImportError('stand-in for a slow import')\n")
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(stand_in), os.environ.get("PYTHONPATH", "")])}
 
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    marker = Marker.of(run_dir)
+    victim = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(120)"], env={**os.environ, **marker.env()}
+    )
     helper = None
     try:
         os.kill(victim.pid, signal.SIGSTOP)
@@ -62,5 +65,5 @@ def test_the_resume_is_recorded_at_the_undo_without_importing_the_package_api(tm
     finally:
         victim.kill()
         victim.wait()
-        if helper is not None and Proc(*helper).why_not() is None:
-            Proc(*helper).signal(signal.SIGKILL)
+        if helper is not None:
+            Proc(*helper).signal(signal.SIGKILL, marker)

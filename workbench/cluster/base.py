@@ -16,6 +16,10 @@ submitit ``Job``. On top of submitting, a backend owns what only it knows:
 - ``stop_all(state)``: end every process and job of a run whose controller
   is gone.
 
+Every signal goes to a process the run recorded only once it proves it is
+the run's (``marker``: the run directory's ``workbench.cluster.procs.Marker``);
+one that does not is reported, never signalled.
+
 The controller builds the executor lazily (``executor``): a ``Run`` in a
 notebook uses a backend only for faults and stop, and must not, say, set
 ``SLURM_CONF`` in the kernel's environment.
@@ -30,7 +34,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import submitit
 
-from workbench.cluster.procs import Proc
+from workbench.cluster.procs import Marker, Proc
 from workbench.errors import FaultError
 from workbench.faults import host as hostfaults
 from workbench.faults import kinds as faultkinds
@@ -50,6 +54,14 @@ class Cluster(abc.ABC):
         self.run_dir = Path(run_dir)
         self.folder = self.run_dir / "jobs" / "%j"
         self._executor: Optional[submitit.Executor] = None
+        self._marker: Optional[Marker] = None
+
+    @property
+    def marker(self) -> Optional[Marker]:
+        """The run's process marker (``workbench.cluster.procs``); None for a run directory without one."""
+        if self._marker is None:
+            self._marker = Marker.of(self.run_dir)
+        return self._marker
 
     # -- jobs ----------------------------------------------------------------
     @property
@@ -113,19 +125,20 @@ class Cluster(abc.ABC):
             if kind.host == "link":
                 if not node:
                     raise FaultError(f"target: replica {view.replica} has not started on a node yet")
-                made = hostfaults.cut_link(kind.name, node)
+                made = hostfaults.cut_link(kind.name, node, owner=self.run_dir)
                 fields["node"] = node
             else:
                 proc = view.live_proc()
-                why = "has no live process" if proc is None else proc.why_not()
+                why = "has no live process" if proc is None else proc.why_not_ours(self.marker)
                 if why is not None:
                     raise FaultError(f"target: replica {view.replica}: {why}; {kind.name} needs its processes here")
                 share = faultkinds.STRAGGLER_SHARE
                 made = hostfaults.confine(
                     kind.name,
                     hostfaults.cgroup_name(self.run_dir.name, view.replica, kind.name),
-                    [proc.pid, *(p.pid for p in proc.descendants())],
+                    [proc.pid, *(p.pid for p in proc.descendants() if p.why_not_ours(self.marker) is None)],
                     share=share,
+                    owner=self.run_dir,
                 )
                 fields.update(pid=proc.pid, cgroup=made.cgroup, pids=sorted(made.origins))
                 if kind.name == "straggler":
@@ -151,21 +164,26 @@ class Cluster(abc.ABC):
             if getattr(faultkinds.kind(k), "host", None) == "link" and e.get("node")
         ]
         undone = hostfaults.release_run(self.run_dir.name, links)
-        for _, e in open_faults:  # their undo is done: the helpers waiting to do it have nothing left
-            helper = e.get("undo_helper")
-            if isinstance(helper, list) and len(helper) == 3 and Proc(*helper).why_not() is None:
-                Proc(*helper).signal(signal.SIGKILL)
+        for helper in self.undo_helpers(state):  # their undo is done: the helpers waiting to do it have nothing left
+            helper.signal(signal.SIGKILL, self.marker)
         return undone
 
-    def stop_all(self, state) -> list[str]:
-        """The controller is gone: SIGKILL every live process the run recorded (identity
-        checked). Returns a line per process not signalled, and why."""
+    @staticmethod
+    def undo_helpers(state) -> list[Proc]:
+        """The detached undo helpers of the run's machine-level faults still held, as their events recorded them."""
+        helpers = (e.get("undo_helper") for e in state.host_faults.values())
+        return [Proc(*h) for h in helpers if isinstance(h, list) and len(h) == 3]
+
+    def stop_all(self, state, remote_ended: bool = False) -> list[str]:
+        """The controller is gone: SIGKILL every live process the run recorded that proves it is the
+        run's. Returns a line per live process not signalled, and why; with ``remote_ended`` (the
+        backend ended the jobs on other hosts its own way) none for a process on another host."""
         self.release_faults(state)
         skipped = []
-        for proc in state.processes():
-            why = proc.why_not()
+        for proc in [*state.processes(), *self.undo_helpers(state)]:
+            why = proc.why_not_ours(self.marker)
             if why is None:
-                proc.signal(signal.SIGKILL)
-            elif "exited" not in why:
-                skipped.append(why)
+                proc.signal(signal.SIGKILL, self.marker)
+            elif "exited" not in why and not (remote_ended and not proc.local):
+                skipped.append(f"{why}; not signalled")
         return skipped

@@ -6,23 +6,25 @@ process and a terminal's hang-up. It is then known only by the ``pid`` and
 ``started`` (``workbench.cluster.procs.start_time``: seconds since boot, which no clock
 change moves) :func:`start` records in the state file;
 :func:`workbench.cluster.slurm.statedir.alive` compares both, so a PID the kernel
-has since reused is never signalled.
+has since reused is never signalled. Both are public, so a daemon also proves it
+is the cluster's before a signal: it is the state directory owner's and carries
+the state directory's marker, which :func:`daemon_env` gives every daemon
+(``workbench.cluster.slurm.statedir.daemon_marker``); a recorded process that
+does not is reported by :func:`stop_recorded`, never signalled.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 import time
-from contextlib import suppress
 from pathlib import Path
 from typing import Any, Mapping, Optional
 
-import psutil
-
-from workbench.cluster.procs import start_time
-from workbench.cluster.slurm.statedir import alive
+from workbench.cluster.procs import Proc, start_time
+from workbench.cluster.slurm.statedir import alive, daemon_marker, daemon_proc
 from workbench.devcluster.layout import NODES, DevClusterError, Layout, write_state
 
 REQUIRED_PROGRAMS = (
@@ -53,10 +55,12 @@ def check_programs() -> None:
 
 
 def daemon_env(layout: Layout) -> dict[str, str]:
-    """This process's environment without the Slurm job variables, and ``SLURM_CONF`` of this cluster."""
+    """This process's environment without the Slurm job variables, with ``SLURM_CONF`` of this cluster and
+    the state directory's marker (where it has one: ``up`` makes it)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "SBATCH_", "SALLOC_", "SRUN_"))}
     env["SLURM_CONF"] = str(layout.slurm_conf)
-    return env
+    marker = daemon_marker(layout.root)
+    return {**env, **marker.env()} if marker else env
 
 
 def as_host(address: str) -> list[str]:
@@ -117,37 +121,42 @@ def start(layout: Layout, state: dict, name: str, cmd: list[str], env: Mapping[s
     write_state(layout, state)
 
 
-def stop_recorded(state: Optional[dict], timeout_s: float = 20.0) -> list[str]:
-    """SIGTERM the recorded daemons still alive, SIGKILL after ``timeout_s``; return their names.
+def stop_recorded(layout: Layout, state: Optional[dict], timeout_s: float = 20.0) -> tuple[list[str], dict[str, str]]:
+    """SIGTERM the recorded daemons still alive that prove they are the cluster's, SIGKILL after
+    ``timeout_s``; return their names, and for each live recorded one that does not prove it, why
+    (never signalled).
 
     In :data:`STOP_TIERS`; daemons of one tier stop together.
     """
     if not state:
-        return []
-    stopped = []
+        return [], {}
+    marker = daemon_marker(layout.root)
+    stopped: list[str] = []
+    refused: dict[str, str] = {}
     for tier in STOP_TIERS:
-        procs = {}
+        procs: dict[str, Proc] = {}
         for name in tier:
             entry = state["daemons"].get(name)
-            if alive(entry):
-                procs[name] = psutil.Process(entry["pid"])
-            else:
+            why = daemon_proc(entry).why_not_ours(marker) if alive(entry) else "exited"
+            if why is None:
+                procs[name] = daemon_proc(entry)
+            elif "exited" in why:
                 reap(entry)
+            else:
+                refused[name] = f"{why}; not signalled"
         for proc in procs.values():
-            with suppress(psutil.NoSuchProcess):
-                proc.terminate()
+            proc.signal(signal.SIGTERM, marker)
         left = wait_exited(list(procs.values()), timeout_s)
         for proc in left:
-            with suppress(psutil.NoSuchProcess):
-                proc.kill()
+            proc.signal(signal.SIGKILL, marker)
         wait_exited(left, 5)
         for name in procs:
             reap(state["daemons"][name])
         stopped.extend(procs)
-    return stopped
+    return stopped, refused
 
 
-def wait_exited(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Process]:
+def wait_exited(procs: list[Proc], timeout_s: float) -> list[Proc]:
     """Wait until each process is gone or a zombie; return those still running.
 
     Not ``psutil.wait_procs``: daemons started by an earlier process are
@@ -155,17 +164,10 @@ def wait_exited(procs: list[psutil.Process], timeout_s: float) -> list[psutil.Pr
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        left = [p for p in procs if _running(p)]
+        left = [p for p in procs if p.alive()]
         if not left or time.monotonic() > deadline:
             return left
         time.sleep(0.05)
-
-
-def _running(proc: psutil.Process) -> bool:
-    try:
-        return proc.is_running() and proc.status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
-        return False
 
 
 def reap(entry: Optional[Mapping[str, Any]]) -> None:

@@ -100,10 +100,10 @@ def inject(
     writer = writer or control_writer(run.run_dir, getattr(run, "id", None))
     if kind.targets == "lighthouse":
         proc = state.lighthouse if state.lighthouse_up else None
-        if proc is None or not proc.signal(signal.SIGKILL):
+        if proc is None or not proc.signal(signal.SIGKILL, run.cluster.marker):
+            why = proc.why_not_ours(run.cluster.marker) if proc is not None else None
             raise FaultError(
-                f"{kind.name}: this run has no live lighthouse"
-                + (f" ({proc.why_not()})" if proc is not None and proc.why_not() else "")
+                f"{kind.name}: this run has no live lighthouse" + (f" ({why}; not signalled)" if why else "")
             )
         return writer.emit("fault", action=kind.name, target="lighthouse", pid=proc.pid, origin=origin)
     if target is None:

@@ -3,13 +3,16 @@
 The helper outlives the notebook or CLI that injected the fault, so a hang
 ends even if the kernel dies. It is this module, started as ``python -m
 workbench.faults.undo PAYLOAD``. Before it sleeps until ``until`` it loads what
-recording needs (the event writer, the run record); ``import workbench`` is lazy
-(PEP 562), so that is all it loads, not pandas and pydantic, which took about a
-second on a quiet host and several on a busy one. It then does the primitive part: signals
-(each to a process whose start time still matches the one recorded, see
-``workbench.cluster.procs``) and/or one command (``ip link set up``, ``scancel
---signal=CONT``), and records the undo at once as a ``fault`` event with
-``action="resume"`` and ``resumed=<kind>``.
+recording needs (the event writer, the run record) and what proving a process
+the run's needs (``workbench.cluster.procs``, the run's marker); ``import
+workbench`` is lazy (PEP 562), so that is all it loads, not pandas and pydantic,
+which took about a second on a quiet host and several on a busy one. It then
+does the primitive part: signals (each to a process whose start time still
+matches the one recorded and that proves it is the run's: its owner and the
+run's marker in its environment, see ``workbench.cluster.procs``; the helper
+carries the marker too, so a stop mid-fault can end it) and/or one command
+(``ip link set up``, ``scancel --signal=CONT``), and records the undo at once
+as a ``fault`` event with ``action="resume"`` and ``resumed=<kind>``.
 
 The record must land before the victim's first step after the undo: a live
 check that reads the log (the network-faults notebook's "the cut-off side
@@ -47,6 +50,10 @@ def later(
 ) -> list:
     """Undo fault ``kind`` ``seconds`` from now; ``signals``: ``[pid, host, started, sig]`` each; ``argv``:
     one command. Returns the helper's identity ``[pid, host, started]`` (a stop mid-fault ends it)."""
+    # not at the top: the helper runs this module, and loads the rest as it needs it (``recorder``, ``prover``)
+    from workbench.cluster.procs import HOST, Marker, start_time
+
+    marker = Marker.of(run_dir)
     payload = {
         "until": time.time() + float(seconds),
         "run_dir": str(run_dir),
@@ -57,16 +64,13 @@ def later(
     }
     helper = subprocess.Popen(
         [sys.executable, "-m", "workbench.faults.undo", json.dumps(payload)],
-        env=env or dict(os.environ),
+        env={**(env or os.environ), **(marker.env() if marker else {})},
         cwd=str(CHECKOUT),
         start_new_session=True,
         stdin=subprocess.DEVNULL,
         stdout=subprocess.DEVNULL,
         stderr=subprocess.DEVNULL,
     )
-    # not at the top: the helper runs this module and loads only what recording needs (not psutil, submitit)
-    from workbench.cluster.procs import HOST, start_time
-
     return [helper.pid, HOST, start_time(helper.pid)]
 
 
@@ -93,25 +97,36 @@ def recorder(payload: dict) -> Callable[[float], None]:
     return record
 
 
-def _start_time(pid: int) -> float:
-    """``workbench.cluster.procs.start_time``, without importing psutil before the undo."""
-    with open(f"/proc/{pid}/stat", "rb") as f:
-        return round(int(f.read().rsplit(b")", 1)[1].split()[19]) / os.sysconf("SC_CLK_TCK"), 3)
+def prover(payload: dict) -> Callable[[list], bool]:
+    """In the helper, before it sleeps: a function that sends one ``[pid, host, started, sig]`` of the
+    payload, if that process still is the recorded one and proves it is the run's (``workbench.cluster.procs``:
+    a process that does not, an impostor's PID written into the payload say, is never signalled)."""
+    from workbench.cluster.procs import Marker, Proc
+
+    marker = Marker.of(payload["run_dir"])
+
+    def send(entry: list) -> bool:
+        pid, host, started, sig = entry
+        return Proc(int(pid), host, started).signal(int(sig), marker)
+
+    return send
 
 
 def main(payload: dict) -> None:
-    """The helper: load the recorder, sleep until ``until``, undo, record at once."""
+    """The helper: load the recorder and the proof, sleep until ``until``, undo, record at once."""
     try:
         record: Optional[Callable[[float], None]] = recorder(payload)
     except Exception:
         record = None  # the undo still happens; recording is tried again after it
+    try:
+        send: Optional[Callable[[list], bool]] = prover(payload) if payload.get("signals") else None
+    except Exception:
+        send = None  # nothing proven, nothing signalled; the command (if any) still runs
     time.sleep(max(0.0, payload["until"] - time.time()))
     acted = False
-    for pid, _host, started, sig in payload.get("signals") or []:
+    for entry in payload.get("signals") or []:
         try:
-            if started is not None and abs(_start_time(pid) - started) <= 0.05:
-                os.kill(pid, sig)
-                acted = True
+            acted = bool(send and send(entry)) or acted
         except Exception:
             pass
     if payload.get("argv"):

@@ -8,8 +8,12 @@
   checkpoints/                 trainer checkpoints
   lighthouse/                  the lighthouse's log
   controller.log               the run controller's own output
+  process-marker               0600: the secret every process of the run carries in its environment
 ```
-Nothing secret goes into ``run.json`` or the events.
+Nothing secret goes into ``run.json`` or the events. The process marker
+(``workbench.cluster.procs.Marker``) is what a process shows to be signalled
+as the run's: the controller is started with it, and everything the run starts
+inherits it.
 """
 
 from __future__ import annotations
@@ -106,6 +110,10 @@ def create(run_root: str | os.PathLike, run_id: str, spec: dict, extra: dict | N
         **(extra or {}),
     }
     write_json(run_dir / RUN_JSON, record)
+    # Late: a job imports this module (``dir_bytes``), and needs nothing of the cluster package.
+    from workbench.cluster.procs import Marker
+
+    Marker.create(run_dir)
     return run_dir
 
 

@@ -92,7 +92,12 @@ def cmd_status(args) -> int:
         print(
             f"{run.id}: {st['state']}  step {st['step']}/{st['steps_target']}  faults {st['faults']}  restarts {st['restarts']}"
             + (f"  bad event lines {st['bad_lines']}" if st["bad_lines"] else "")
+            + (f"  event write gaps {st['write_gaps']} ({st['events_lost']} lost)" if st["write_gaps"] else "")
         )
+        if st["reason"]:
+            print(f"  ended: {st['reason']}")
+        if st["reason"] is None and st["controller"] != "running":  # gone without run_end: why, and its trace
+            print(f"  {st['controller']}")
         for r, s in st["replicas"].items():
             print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}")
         ck = st.get("checkpoints")
@@ -128,8 +133,12 @@ def cmd_wait(args) -> int:
 
 
 def cmd_stop(args) -> int:
-    print(attach(args.run).stop()["state"])
-    return 0
+    """Prints the run's state; exits 1 naming each process of the run it did not stop, and why."""
+    result = attach(args.run).stop()
+    print(result["state"])
+    for line in result["not_stopped"]:
+        print(f"workbench stop: not stopped: {line}", file=sys.stderr)
+    return 1 if result["not_stopped"] else 0
 
 
 def cmd_metrics(args) -> int:

@@ -15,7 +15,8 @@ exited.
 
 Faults are signals to the replica group's current process (and, for a pause,
 to every process it started: MaxText's interpreter, TorchTitan's ranks),
-each only after its identity is proven (``workbench.cluster.procs``). A kind with a
+each only after it proves it is the run's (its identity, its owner and the run's marker in its
+environment, ``workbench.cluster.procs``); a process that does not is reported, never signalled. A kind with a
 ``signal`` in the table is that signal; ``preempt`` is SIGTERM; a pausing kind
 is SIGSTOP now and SIGCONT from the detached undo helper after ``seconds``.
 ``straggler`` and ``freeze`` are cgroups (``Cluster.inject_host``); the
@@ -70,7 +71,7 @@ class LocalCluster(Cluster):
 
     def _make_executor(self) -> submitit.Executor:
         if self.forks():
-            return ForkExecutor(self.folder, self._started_fork_server())
+            return ForkExecutor(self.folder, self._started_fork_server(), marker=self.marker)
         ex = submitit.LocalExecutor(folder=self.folder)
         # LocalExecutor's default timeout is 2 minutes; a run's lifetime is the controller's business.
         ex.update_parameters(timeout_min=7 * 24 * 60, tasks_per_node=1)
@@ -83,13 +84,11 @@ class LocalCluster(Cluster):
         proc = proc or view.live_proc()
         if proc is None:
             raise FaultError(f"target: replica {view.replica} has no live process to {kind.name}")
-        why = proc.why_not()
+        why = proc.why_not_ours(self.marker)
         if why is not None:
             raise FaultError(f"target: replica {view.replica}: {why}; not signalled")
         if kind.pauses_process:
-            procs = [proc, *proc.descendants()]
-            for p in procs:
-                p.signal(signal.SIGSTOP)
+            procs = [p for p in [proc, *proc.descendants()] if p.signal(signal.SIGSTOP, self.marker)]
             undo.later(
                 self.run_dir,
                 kind.name,
@@ -99,6 +98,6 @@ class LocalCluster(Cluster):
             )
         else:
             sig = kind.signal if kind.signal is not None else self.preempt_signal
-            if not proc.signal(sig):
+            if not proc.signal(sig, self.marker):
                 raise FaultError(f"target: replica {view.replica}'s process {proc.pid} exited before the {kind.name}")
         return {"target": view.replica, "pid": proc.pid, "attempt": view.attempt}

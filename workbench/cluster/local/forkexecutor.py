@@ -25,7 +25,7 @@ from typing import IO, Optional
 from submitit.core import core, utils
 
 from workbench.cluster.local import forkserver
-from workbench.cluster.procs import START_TOLERANCE_S, start_time
+from workbench.cluster.procs import HOST, START_TOLERANCE_S, Marker, Proc, start_time
 
 
 class ForkServerError(RuntimeError):
@@ -145,11 +145,18 @@ class ForkJob(core.Job):
     """A submitit job whose task is a child of the fork server; its id is the child's PID."""
 
     def __init__(
-        self, folder, job_id: str, tasks=(0,), pid_start: Optional[float] = None, server: Optional[ForkServer] = None
+        self,
+        folder,
+        job_id: str,
+        tasks=(0,),
+        pid_start: Optional[float] = None,
+        server: Optional[ForkServer] = None,
+        marker: Optional[Marker] = None,
     ) -> None:
         super().__init__(folder, job_id, tasks)
         self._pid_start = pid_start
         self._server = server
+        self._marker = marker
 
     def _running(self) -> bool:
         pid = int(self.job_id)
@@ -175,18 +182,17 @@ class ForkJob(core.Job):
         return self.get_info()["jobState"]
 
     def cancel(self, check: bool = True) -> None:  # noqa: ARG002
-        """SIGINT, then SIGKILL after 1 s (the server escalates; without it, SIGKILL at once)."""
+        """SIGINT, then SIGKILL after 1 s (the server escalates: its own child); without the server,
+        SIGKILL at once if the process proves it is the run's (``marker``, ``workbench.cluster.procs``)."""
         if not self._running():
             return
         if self._server is None or not self._server.cancel(int(self.job_id)):
-            try:
-                os.kill(int(self.job_id), signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+            Proc(int(self.job_id), HOST, self._pid_start).signal(signal.SIGKILL, self._marker)
 
     def __getstate__(self) -> dict:
         out = dict(self.__dict__)
         out["_server"] = None
+        out["_marker"] = None
         return out
 
 
@@ -199,9 +205,10 @@ class ForkExecutor(core.PicklingExecutor):
 
     job_class = ForkJob
 
-    def __init__(self, folder, server: ForkServer, max_num_timeout: int = 3) -> None:
+    def __init__(self, folder, server: ForkServer, max_num_timeout: int = 3, marker: Optional[Marker] = None) -> None:
         super().__init__(folder, max_num_timeout=max_num_timeout)
         self.server = server
+        self.marker = marker  # the run's: what a job's process must carry to be cancelled without the server
         self._throttling = 0.0  # submitit's 0.2 s between submissions protects a scheduler; there is none here
         utils.JobPaths.get_first_id_independent_folder(self.folder).mkdir(parents=True, exist_ok=True)
 
@@ -223,7 +230,7 @@ class ForkExecutor(core.PicklingExecutor):
             SUBMITIT_LOCAL_SIGNAL_DELAY_S="30",
         )
         pid, pid_start = self.server.fork(self.folder, env)
-        return ForkJob(self.folder, str(pid), tasks=[0], pid_start=pid_start, server=self.server)
+        return ForkJob(self.folder, str(pid), tasks=[0], pid_start=pid_start, server=self.server, marker=self.marker)
 
     def _num_tasks(self) -> int:
         return 1

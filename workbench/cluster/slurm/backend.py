@@ -130,12 +130,12 @@ class SlurmCluster(Cluster):
         """``proc`` is never given: the kinds that name another process than the group's are local only."""
         return slurm_faults.inject(self, kind, view, seconds, origin)
 
-    def stop_all(self, state) -> list[str]:
-        """Cancel every job the run submitted, then the processes on this host."""
+    def stop_all(self, state, remote_ended: bool = False) -> list[str]:
+        """Cancel every job the run submitted (which ends its processes on the nodes), then the processes
+        on this host; a line for each process on a node too where ``scancel`` failed."""
         job_ids = sorted({j for v in state.replicas.values() for j in v.jobs.values()})
-        if job_ids:
-            slurm_cmd(self.conf, "scancel", *job_ids)
-        return super().stop_all(state)
+        cancelled = not job_ids or slurm_cmd(self.conf, "scancel", *job_ids).returncode == 0
+        return super().stop_all(state, remote_ended=remote_ended or cancelled)
 
     def _poll_states(self) -> None:
         self._polled_at = time.monotonic()

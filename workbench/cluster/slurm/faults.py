@@ -25,7 +25,6 @@ event of a node's fault has the node's name as ``target`` and ``replica_hit``.
 
 from __future__ import annotations
 
-import os
 import signal
 from typing import Optional
 
@@ -98,10 +97,11 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
     elif kind.name == "slurmd_kill":
         name, duration = started_node(), _duration(kind, seconds)
         try:
-            pid, restart = statedir.recorded_slurmd(conf, name)
+            slurmd, marker, restart = statedir.recorded_slurmd(conf, name)
         except LookupError as e:
             raise FaultError(f"slurmd_kill: {e}") from None
-        os.kill(pid, signal.SIGKILL)
+        if not slurmd.signal(signal.SIGKILL, marker):
+            raise FaultError(f"slurmd_kill: node {name}'s slurmd: {slurmd.why_not_ours(marker)}; not signalled")
         undo_helper.later(cluster.run_dir, kind.name, duration, argv=[*restart, name], env=env, fields=node_fields)
     elif kind.signal is not None:
         run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", "--full", job_id)

@@ -4,8 +4,10 @@ Like a Run, a Sweep reads its event log incrementally and holds no
 connection to the processes: ``attach_sweep(sweep_dir)`` from any kernel sees
 what the kernel that started it saw. The point -> run index is the sweep
 controller's ``submit`` events; each point's figures come from its own run.
-Control is the controller's: :meth:`Sweep.stop` asks it (SIGTERM) and only
-stops the runs itself when it is gone.
+Control is the controller's: :meth:`Sweep.stop` asks it (SIGTERM, once it
+proves it is the sweep's: its owner and the sweep directory's marker in its
+environment, ``workbench.cluster.procs``) and only stops the runs itself when it
+is gone.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ from typing import Optional, Union
 import pandas as pd
 
 from workbench import analysis
-from workbench.cluster.procs import HOST, Proc, start_time
+from workbench.cluster.procs import HOST, Marker, Proc, start_time
 from workbench.errors import SpecError
 from workbench.events.reader import EventReader
 from workbench.events.writer import EventWriter
@@ -197,23 +199,36 @@ class Sweep:
     def stop(self, timeout: float = 60.0) -> pd.DataFrame:
         """Stop the sweep: submit nothing more and stop its unfinished runs.
 
-        Through the sweep controller (SIGTERM) when it is alive; otherwise this
-        process stops the runs itself and records the end.
+        Through the sweep controller (SIGTERM) when it is alive and proves it is the sweep's; otherwise
+        this process stops the runs itself and records the end, with a warning for each process it did
+        not signal (a controller or a run's process that did not prove it is theirs), and why. A sweep
+        directory without a marker (an older workbench's) whose controller runs is left to it, with a warning.
         """
         if self._end() is not None:
             return self.status()
         proc = self.controller()
         if proc is None and self._controller is not None and self._controller.poll() is None:
             proc = Proc(self._controller.pid, HOST, start_time(self._controller.pid))  # our own child
+        not_signalled = []
+        marker = Marker.of(self.sweep_dir)
         if proc is not None and proc.alive():
-            detached.stop(proc, lambda: not proc.alive(), timeout)
-        if self._end() is None:
+            why = proc.why_not_ours(marker)
+            if why is None:
+                detached.stop(proc, marker, lambda: not proc.alive(), timeout)
+            else:
+                not_signalled.append(f"sweep controller: {why}; not signalled")
+        if self._end() is None and marker is None and not_signalled:  # an older workbench's sweep, still running
+            EventWriter(self.sweep_dir, f"control-{os.getpid()}", sweep=self.id).emit(
+                "warning", message=f"not stopped: {not_signalled[0]}"
+            )
+        elif self._end() is None:
             for run in self.runs().values():
                 if run.state() not in ENDED:
-                    run.stop()
-            EventWriter(self.sweep_dir, f"control-{os.getpid()}", sweep=self.id).emit(
-                "sweep_end", state="stopped", reason="sweep controller unreachable; runs stopped"
-            )
+                    not_signalled += [f"run {run.id}: {line}" for line in run.stop()["not_stopped"]]
+            writer = EventWriter(self.sweep_dir, f"control-{os.getpid()}", sweep=self.id)
+            for line in not_signalled:
+                writer.emit("warning", message=f"not stopped: {line}")
+            writer.emit("sweep_end", state="stopped", reason="sweep controller unreachable; runs stopped")
         return self.status()
 
     def pids(self) -> list[int]:

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
+from workbench.cluster.procs import Marker
 from workbench.events.reader import EventReader
 from workbench.events.writer import EventWriter
 from workbench.experiments.sweep.points import point_spec
@@ -36,8 +37,12 @@ POLL_S = 0.5
 
 
 def start(sweep_dir: Path) -> subprocess.Popen:
-    """Start the sweep controller of ``sweep_dir`` detached, logging to its ``controller.log``."""
-    return detached.spawn("workbench.experiments.sweep", [str(sweep_dir)], Path(sweep_dir) / "controller.log")
+    """Start the sweep controller of ``sweep_dir`` detached, logging to its ``controller.log``, with the sweep
+    directory's process marker (made now for a sweep an older workbench started; ``Sweep.stop`` signals only
+    a controller that carries it)."""
+    return detached.spawn(
+        "workbench.experiments.sweep", [str(sweep_dir)], Path(sweep_dir) / "controller.log", Marker.ensure(sweep_dir)
+    )
 
 
 class SweepController:
@@ -110,7 +115,8 @@ class SweepController:
         for run in self.runs.values():
             if run.state() not in ENDED:
                 try:
-                    run.stop()
+                    for line in run.stop()["not_stopped"]:
+                        self.writer.emit("warning", message=f"stopping {run.id}: not stopped: {line}")
                 except Exception as e:  # keep stopping the others
                     self.writer.emit("warning", message=f"stopping {run.id}: {type(e).__name__}: {e}")
 

@@ -6,6 +6,7 @@
   events/controller.jsonl     the sweep controller: start, submit (point -> run dir), point_error, sweep_end
   events/control-<pid>.jsonl  a kernel or CLI that ended a sweep whose controller was gone
   controller.log              the sweep controller's own output
+  process-marker              0600: the secret the sweep controller carries (``workbench.cluster.procs.Marker``)
 ```
 
 The points' runs are ordinary run directories under the run root (see
@@ -23,6 +24,7 @@ import socket
 from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
+from workbench.cluster.procs import Marker
 from workbench.errors import SpecError
 from workbench.run import rundir
 from workbench.spec.models import Spec
@@ -68,6 +70,7 @@ def create(
         "code": rundir.code_revision(),
     }
     rundir.write_json_text(sweep_dir / SWEEP_JSON, json.dumps(record, indent=2) + "\n")
+    Marker.create(sweep_dir)
     return sweep_dir
 
 
