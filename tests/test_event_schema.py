@@ -137,13 +137,12 @@ def test_the_checkpoint_verdicts_are_the_ledger_s():
     assert {s for s in CheckpointState if s.in_events} == {CheckpointState.STARTED}
 
 
-def test_fault_origins_and_kinds_are_the_injector_s():
+def test_fault_origins_are_the_injector_s():
+    """A fault's ``action`` is a name from the fault-kind table, which the injector checks (``faultkinds.require``);
+    the schema points at that table rather than copying it, so a new kind is one row in ``faults/kinds.py``."""
     from workbench.faults import inject
-    from workbench.faults import kinds as faultkinds
 
     assert set(inject.ORIGINS) == set(FaultOrigin)
-    action = next(f for f in Kind.FAULT.fields if f.name == "action").meaning
-    assert [k for k in faultkinds.KINDS if f"`{k}`" not in action] == []
 
 
 def test_the_events_layer_imports_nothing_above_it():

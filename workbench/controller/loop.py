@@ -16,6 +16,8 @@ its own session, so the run outlives the notebook kernel that started it. It:
 - reports (and with ``hang.action: kill`` kills) a hung group (``watchdog.HangWatchdog``);
 - samples node health (``nodehealth``) and writes the step index (``analysis.step_index``);
 - on SIGTERM (``run.stop()``) stops every job and the lighthouse;
+- ends the run the same way, ``run_root_unwritable``, when its own event log has taken no write for
+  ``unwritable_timeout_s``, and says an end it cannot write somewhere a user finds it (``unwritable``);
 - writes ``run_end`` with the final state when no replica group is left.
 
 It learns everything about the jobs from the event log, like any other
@@ -38,7 +40,7 @@ from typing import Any, Optional
 
 from workbench.analysis import StepColumns, step_index
 from workbench.cluster import make_cluster
-from workbench.controller import nodehealth
+from workbench.controller import nodehealth, unwritable
 from workbench.controller.fault_schedule import FaultSchedule
 from workbench.controller.lighthouse import Lighthouse, LighthouseSupervisor
 from workbench.controller.relaunch import RelaunchPolicy
@@ -67,6 +69,8 @@ class Controller:
         # Inherited by every process the run starts (lighthouse, fork server, submitit's and Slurm's jobs).
         os.environ["RUST_LOG"] = self.spec.torchft.rust_log
         self.writer = EventWriter(self.run_dir, "controller", run=self.run_id)
+        self.unwritable = unwritable.UnwritableWatch(self.writer, self.run_dir, self.spec.unwritable_timeout_s)
+        self.end_written = False
         self.health, self.health_at = nodehealth.Sampler(), 0.0
         self.reader = EventReader(self.run_dir)
         self.cluster = make_cluster(self.spec, self.run_dir)
@@ -114,7 +118,10 @@ class Controller:
             self._shutdown()
             self.faults.warn_unfired(self.max_step)
             self._write_step_index()  # before run_end: a reader that sees the end finds the index complete
-            self.writer.emit("run_end", state=state, reason=reason, steps=self.max_step)
+            self.writer.emit(
+                "run_end", state=state, reason=reason, steps=self.max_step, **self.unwritable.end_fields(reason)
+            )
+            self.end_written = self.unwritable.finish(state, reason, stopping=lambda: self.stopping)
             self.writer.close()
         return state
 
@@ -136,6 +143,8 @@ class Controller:
             self._poll()
             if self.stopping:
                 return "stopped", "stop requested"
+            if self.unwritable.expired(time.time()):
+                return "failed", unwritable.REASON
             if self.lighthouse:
                 self.lighthouse.supervise()
             self.faults.fire(self.max_step, self.t_first_step)
@@ -264,8 +273,14 @@ class Controller:
 
     def _signal_attempt(self, slot: ReplicaSlot, sig: int) -> None:
         proc = self.run_state.replicas[slot.replica].live_proc(slot.attempt)
-        if proc is not None:
-            proc.signal(sig)
+        if proc is not None and not proc.signal(sig, self.cluster.marker):
+            self._not_signalled(proc, f"replica {slot.replica}, attempt {slot.attempt}")
+
+    def _not_signalled(self, proc, what: str) -> None:
+        """A warning for a live process of the run that did not prove it is the run's (``workbench.cluster.procs``)."""
+        why = proc.why_not_ours(self.cluster.marker)
+        if why is not None and "exited" not in why:
+            self.writer.emit("warning", message=f"{what}: {why}; not signalled")
 
     # -- events --------------------------------------------------------------
     def _poll(self) -> None:
@@ -305,6 +320,8 @@ class Controller:
         undone = self.cluster.release_faults(self.run_state)
         if undone:
             self.writer.emit("warning", message=f"undone at stop: {', '.join(undone)}")
+        for helper in self.cluster.undo_helpers(self.run_state):
+            self._not_signalled(helper, "a fault's undo helper")
         for slot in self.slots.values():
             if slot.state in ("running",) and slot.job is not None and not self.cluster.is_done(slot.job):
                 self._signal_attempt(slot, signal.SIGTERM)
@@ -320,8 +337,8 @@ class Controller:
                 self.cluster.cancel(slot.job)
         for spare_id, job in self.spares.jobs.items():
             proc = self.run_state.spares.get(spare_id)
-            if proc is not None:
-                proc.signal(signal.SIGKILL)
+            if proc is not None and not proc.signal(signal.SIGKILL, self.cluster.marker):
+                self._not_signalled(proc, f"spare {spare_id}")
             self.cluster.cancel(job)
         if self.lighthouse:
             self.lighthouse.stop()
@@ -334,8 +351,9 @@ def main(argv: list[str] | None = None) -> int:
         print("usage: python -m workbench.controller.loop RUN_DIR", file=sys.stderr)
         return 2
     os.umask(0o077)  # everything the run writes (submitit's pickles and logs too) is private to the user
-    state = Controller(Path(argv[0])).run()
-    return 0 if state in ("completed", "stopped") else 1
+    controller = Controller(Path(argv[0]))
+    state = controller.run()
+    return 0 if state in ("completed", "stopped") and controller.end_written else 1
 
 
 if __name__ == "__main__":

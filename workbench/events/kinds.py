@@ -276,9 +276,8 @@ class Kind(StrEnum):
         "a fault was injected (or undone: `action=resume`)",
         required(
             "action",
-            "the fault kind (`workbench/faults/kinds.py`: `kill`, `abort`, `preempt`, `hang`, `straggler`, `freeze`, "
-            "`lighthouse_kill`, `kill_during_checkpoint`, `kill_in_allreduce`; locally also `kill_store_host`, "
-            "`kill_rank0`; on Slurm also `node_down`, `slurmd_kill`, `partition`, `slow_link`), or `resume`",
+            "the fault kind: a name from the table of fault kinds (`workbench/faults/kinds.py`, which says what "
+            "each kind does and on which backends; `workbench kill --help` lists them), or `resume`",
         ),
         required("origin", "who asked", states.FaultOrigin),
         optional("target", "the replica group, or `lighthouse`"),
@@ -354,9 +353,13 @@ class Kind(StrEnum):
         (Writer.CONTROLLER, Writer.CONTROL),
         "the run ended (a control writer's: it stopped a run whose controller was gone)",
         required("state", "how", [s for s in states.RunStatus if s.ended]),
-        required("reason", "why"),
+        required("reason", "why: prose for a person, or one a reader can act on", states.RunEndReason),
         optional("steps", "the controller's: the run's max step"),
         optional("not_signalled", "the control writer's: processes it could not prove were the run's"),
+        optional("since", "with `run_root_unwritable`: the `t` of the controller's first event not written"),
+        optional("error", "with `since`: the last error an append met"),
+        "A controller that cannot write its `run_end` leaves it in a few words as the symlink `run_end.unwritten` "
+        "in the run directory, which `Run.controller_gone` reads (`workbench/run/unwritten_end.py`).",
     )
     POINT_ERROR = (
         "point_error",

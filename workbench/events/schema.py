@@ -42,6 +42,7 @@ named like a common one replaces it (a `fault`'s `pid` is the process signalled,
 VALUE_SETS: tuple[type[StrEnum], ...] = (
     states.ReplicaState,
     states.RunStatus,
+    states.RunEndReason,
     states.ExitReason,
     states.CheckpointState,
     states.JobState,

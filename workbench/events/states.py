@@ -85,6 +85,17 @@ class RunStatus(StrEnum):
     STOPPED = "stopped", "`run_end`: stopped on request (or by a stop that found the controller gone)", True
 
 
+class RunEndReason(Described):
+    """The reasons in ``run_end``'s ``reason`` that a reader can act on; any other reason is prose for a person."""
+
+    RUN_ROOT_UNWRITABLE = (
+        "run_root_unwritable",
+        "`failed`: the controller's event log took no write for the spec's `unwritable_timeout_s` (a full disk, a "
+        "quota, a file system gone read-only), so the controller stopped every group; `since` and `error` say "
+        "from when and why (`workbench/controller/unwritable.py`)",
+    )
+
+
 class ExitReason(StrEnum):
     """Why a replica's process ended (``exit``'s ``reason``), and the state the fold gives its group for it."""
 

@@ -8,7 +8,9 @@ kernel that attaches to a running or finished run (``workbench.attach``) sees
 exactly what the kernel that submitted it saw. A dashboard subscribes to the
 Run (``run.run_state.subscribe``) instead of reading the log a second time.
 Control goes through the run's backend (``Cluster.inject``), each signal
-only to a process whose recorded identity still matches.
+only to a process whose recorded identity still matches and that proves it is
+the run's (its owner, and the run's marker in its environment:
+``workbench.cluster.procs``); one that does not is reported, never signalled.
 """
 
 from __future__ import annotations
@@ -24,11 +26,12 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from workbench import analysis, cluster
+from workbench.cluster.procs import Marker
 from workbench.errors import ControllerGone, SpecError
 from workbench.events.reader import EventReader, to_frame
 from workbench.faults import inject as faults
 from workbench.faults import kinds as faultkinds
-from workbench.run import detached, rundir
+from workbench.run import detached, rundir, unwritten_end
 from workbench.spec import schedule
 from workbench.spec.load import load_spec
 from workbench.spec.models import Spec
@@ -136,19 +139,25 @@ class Run:
         if proc is None or not proc.local:
             return None
         why = proc.why_not()
-        return None if why is None else f"controller {why}"
+        if why is None:
+            return None
+        trace = unwritten_end.read(self.run_dir)  # the run_end it could not write, if it left one
+        return f"controller {why}" + (f"; {trace}" if trace else "")
 
     def status(self) -> dict:
         self.refresh()
         st = self.run_state
         return {
             "state": st.state,
+            "reason": st.end_reason,  # run_end's, None before it
             "trainer": self.spec.trainer,
             "cluster": self.spec.cluster,
             "steps_target": self.spec.steps,
             "step": st.max_committed,
             **st.counts(),
             "bad_lines": self.bad_lines,
+            "write_gaps": st.write_gaps,  # a writer that could not append for a while (events/writer.py)
+            "events_lost": st.events_lost,
             "controller": self.controller_gone() or "running",
             "replicas": {str(r): v.as_dict() for r, v in sorted(st.replicas.items())},
             "checkpoints": None if trainer_kind(self.spec.trainer).elastic else st.checkpoint_status(),
@@ -238,21 +247,37 @@ class Run:
     def stop(self, timeout: float = 30.0) -> dict:
         """Stop the run: the controller stops every job and the lighthouse.
 
-        If the controller is gone, the backend ends every process and job the
-        run recorded (``Cluster.stop_all``) and the run is marked stopped.
+        If the controller is gone (or does not prove it is the run's), the backend ends every process
+        and job the run recorded (``Cluster.stop_all``) and the run is marked stopped, unless the run
+        directory has no process marker (an older workbench made it): then nothing is signalled.
+        Returns ``status()`` with ``not_stopped``: a line for each live process of the run's record it did
+        not signal, and why (``workbench stop`` exits non-zero naming them); empty for a run that had ended.
         """
         self.refresh()
         if self.run_state.state in TERMINAL:
-            return self.status()
+            return {**self.status(), "not_stopped": []}
+        marker = self.cluster.marker
         ctl = self.run_state.controller
-        if ctl is not None and ctl.alive():
-            if detached.stop(ctl, lambda: self.state() in TERMINAL and not self.pids(), timeout):
-                return self.status()
+        if ctl is not None and ctl.why_not_ours(marker) is None:
+            if detached.stop(ctl, marker, lambda: self.state() in TERMINAL and not self._stoppable(), timeout):
+                return {**self.status(), "not_stopped": self._not_stopped()}
+        if marker is None:
+            return {**self.status(), "not_stopped": self._not_stopped()}
         skipped = self.cluster.stop_all(self.run_state)
         faults.control_writer(self.run_dir, self.id).emit(
             "run_end", state="stopped", reason="controller unreachable; processes killed", not_signalled=skipped or None
         )
-        return self.status()
+        return {**self.status(), "not_stopped": skipped}
+
+    def _stoppable(self) -> list:
+        """The live processes of the run's record that prove they are the run's (what a stop waits for)."""
+        self.refresh()
+        return [p for p in self.run_state.live_processes() if p.why_not_ours(self.cluster.marker) is None]
+
+    def _not_stopped(self) -> list[str]:
+        """A line for each live process of the run's record that does not prove it is the run's."""
+        lines = (p.why_not_ours(self.cluster.marker) for p in self.run_state.live_processes())
+        return [f"{why}; not signalled" for why in lines if why is not None and "exited" not in why]
 
     def pids(self) -> list[int]:
         """Every process this run recorded (controller, lighthouse, jobs) that is still alive."""
@@ -282,7 +307,9 @@ def submit(
     spec = schedule.materialize(spec)
     run_id = rundir.new_run_id(spec.name)
     run_dir = rundir.create(spec.run_root, run_id, spec.to_dict(), extra={"chaos": chaos})
-    proc = detached.spawn("workbench.controller.loop", [str(run_dir)], run_dir / "controller.log")
+    proc = detached.spawn(
+        "workbench.controller.loop", [str(run_dir)], run_dir / "controller.log", Marker.ensure(run_dir)
+    )
     return Run(run_dir, _controller=proc)
 
 

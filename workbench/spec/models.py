@@ -11,10 +11,17 @@ one :class:`SpecError` whose message names each bad field and what it allows.
 Values that leave Python as text (seeds, flags, script lines, file names) are
 checked for range and form where they are declared (:mod:`.forms`);
 ``spec.preflight`` holds the checks that need the world (a writable run root).
+
+Two imports wait for the check that needs them. The backend table is read
+through ``workbench.cluster``, whose package imports submitit: 55 ms and 84
+modules (measured) that a spec loaded to be validated, shown or replayed does
+not need. ``torch`` (1.5 s, 970 modules) is imported only to check that
+``ft.quantize`` can run on this machine.
 """
 
 from __future__ import annotations
 
+import importlib.util
 import ipaddress
 import os
 from typing import TYPE_CHECKING, Any, Literal, Optional
@@ -47,7 +54,7 @@ else:
 
 def _backend_names() -> tuple[str, ...]:
     """The spec's ``cluster`` values; imported when first needed, as the backend classes are: importing the
-    cluster package imports submitit."""
+    cluster package imports submitit (see the module docstring)."""
     from workbench.cluster.backends import backend_names
 
     return backend_names()
@@ -87,6 +94,8 @@ class Spec(Section):
     max_restarts: int = Field(20, ge=0, le=10_000)
     spares: int = Field(0, ge=0, le=64)
     heartbeat_s: float = Field(1.0, gt=0, le=600)
+    # How long a run goes on while its run root takes no write (workbench/controller/unwritable.py says why 60 s).
+    unwritable_timeout_s: float = Field(60.0, gt=0, le=86_400)
     checksum_every: int = Field(10, ge=1, le=10_000_000)
     write_events: bool = True
     lighthouse: LighthouseSpec = Field(default_factory=LighthouseSpec)
@@ -227,8 +236,6 @@ class Spec(Section):
         """torchft quantizes with Triton on CUDA, and silently does not elsewhere: refuse it where the jobs
         have no GPU. Where they run elsewhere the backend names the spec key that gives them GPUs
         (``job_gpus_key``); where they run here, this machine must have CUDA and Triton."""
-        import importlib.util
-
         key = _backend_class(self.cluster).job_gpus_key
         if key is not None:
             section, _, field = key.partition(".")
@@ -238,7 +245,7 @@ class Spec(Section):
                     f"set {key} >= 1 or ft.quantize: false"
                 )
             return
-        import torch
+        import torch  # 1.5 s, and only this check needs it: see the module docstring
 
         if not (torch.cuda.is_available() and importlib.util.find_spec("triton")):
             raise ValueError(

@@ -16,9 +16,11 @@ Each group's states, and the events that move it between them: :mod:`workbench.s
 from __future__ import annotations
 
 import math
+import time
 from typing import Callable, Iterable, Optional, Sequence
 
 from workbench.cluster.procs import Proc
+from workbench.events.states import RunEndReason
 from workbench.faults import kinds as faultkinds
 from workbench.state.checkpoints import CheckpointLedger
 from workbench.state.event_fields import int_or_zero, well_formed
@@ -328,6 +330,14 @@ class RunState:
         """pending | starting | running | completed | failed | stopped."""
         return run_state(self.run_end, self.started, self.stepped)
 
+    @property
+    def end_reason(self) -> Optional[str]:
+        """Why the run ended (``run_end``'s ``reason``; for ``run_root_unwritable`` from when and why); None before."""
+        end = self.run_end
+        if end is None or end.get("reason") != RunEndReason.RUN_ROOT_UNWRITABLE:
+            return None if end is None else str(end.get("reason") or "")
+        return f"{end['reason']}: {no_write_since(end.get('since'), end.get('error'))}; the controller stopped the run"
+
     def processes(self) -> list[Proc]:
         """Every process the run recorded: controller, lighthouses, every attempt, spares."""
         out = [self.controller] if self.controller else []
@@ -362,6 +372,14 @@ class RunState:
 
 _HANDLERS = {name[4:]: fn for name, fn in vars(RunState).items() if name.startswith("_on_")}
 _CHECKS_INLINE = frozenset({"step", "heartbeat"})  # the hot kinds, whose handlers check each field they use
+
+
+def no_write_since(since: object, error: object) -> str:
+    """A run root's failure in words, from ``run_end``'s (or its trace's) ``since`` and ``error``."""
+    when = "an unrecorded time"
+    if isinstance(since, (int, float)) and math.isfinite(since):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    return f"the run root took no write from {when} ({error or 'no error recorded'})"
 
 
 def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
