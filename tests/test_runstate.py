@@ -5,6 +5,7 @@ The processes a test signals are `sleep` processes it starts itself and stops by
 
 from __future__ import annotations
 
+import os
 import subprocess
 
 import pytest
@@ -22,8 +23,10 @@ from workbench.state.fold import RunState
 def sleeper():
     started = []
 
-    def start():
-        p = subprocess.Popen(["sleep", "300"])
+    def start(run_dir=None):
+        """A ``sleep``; with ``run_dir``, started as the run starts its processes: with its marker."""
+        env = {**os.environ, **procs.Marker.of(run_dir).env()} if run_dir is not None else None
+        p = subprocess.Popen(["sleep", "300"], env=env)
         started.append(p)
         return p
 
@@ -89,9 +92,9 @@ def test_a_spares_takeover_names_the_groups_job(tmp_path):
 
 def test_a_reused_pid_is_never_signalled(tmp_path, sleeper):
     """The recorded PID now belongs to another process (its start time differs): the kill is
-    refused with the reason, and that process lives on."""
+    refused with the reason, and that process lives on, even though it carries the run's marker."""
     run_dir = make_run(tmp_path)
-    stranger = sleeper()
+    stranger = sleeper(run_dir)
     ident = procs.identity(stranger.pid)
     w = EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0)
     w.emit("start", pid=stranger.pid, pid_start=ident["pid_start"] - 3600.0)
@@ -103,7 +106,7 @@ def test_a_reused_pid_is_never_signalled(tmp_path, sleeper):
 
 def test_a_pid_recorded_without_start_time_is_not_signalled(tmp_path, sleeper):
     run_dir = make_run(tmp_path)
-    stranger = sleeper()
+    stranger = sleeper(run_dir)
     EventWriter(run_dir, "replica-1.attempt-0", run="r1", replica=1, attempt=0).emit(
         "start", pid=stranger.pid, pid_start=None
     )
@@ -114,7 +117,7 @@ def test_a_pid_recorded_without_start_time_is_not_signalled(tmp_path, sleeper):
 
 def test_stop_without_a_controller_kills_the_runs_processes_and_spares_strangers(tmp_path, sleeper):
     run_dir = make_run(tmp_path)
-    ours, stranger = sleeper(), sleeper()
+    ours, stranger = sleeper(run_dir), sleeper()
     EventWriter(run_dir, "replica-0.attempt-0", run="r1", replica=0, attempt=0).emit(
         "start", **procs.identity(ours.pid)
     )
@@ -134,7 +137,7 @@ def test_a_run_recorded_with_wall_clock_start_times_is_still_stopped(tmp_path, s
     import psutil
 
     run_dir = make_run(tmp_path)
-    ours, moved, stranger = sleeper(), sleeper(), sleeper()
+    ours, moved, stranger = sleeper(run_dir), sleeper(run_dir), sleeper()
     for replica, proc, off in ((0, ours, 0.0), (1, moved, -1.0), (2, stranger, 60.0)):
         EventWriter(run_dir, f"replica-{replica}.attempt-0", run="r1", replica=replica, attempt=0).emit(
             "start", pid=proc.pid, pid_start=round(psutil.Process(proc.pid).create_time() + off, 3)
@@ -149,7 +152,7 @@ def test_the_kill_signals_the_recorded_process(tmp_path, sleeper, how, signal_nu
     """Each fault kind that ends a process ends the recorded one with its signal: SIGKILL, SIGABRT
     (what a failed CUDA device assertion does), SIGTERM (a preemption notice)."""
     run_dir = make_run(tmp_path)
-    ours = sleeper()
+    ours = sleeper(run_dir)
     EventWriter(run_dir, "replica-2.attempt-0", run="r1", replica=2, attempt=0).emit(
         "start", **procs.identity(ours.pid)
     )
