@@ -38,6 +38,7 @@ from typing import Any, Optional
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 from workbench import analysis
 from workbench.faults import kinds as faultkinds
@@ -208,8 +209,6 @@ def breakeven(
 
 def breakeven_figure(result: dict):
     """Useful throughput against MTBF (log axis) for both kinds, the crossing marked."""
-    import plotly.graph_objects as go
-
     e, r, m = result["elastic"], result["restart"], result["crossing_mtbf_s"]
     lo = max(1.0, 0.8 * min(e["lost_per_fault_s"], r["lost_per_fault_s"]))
     hi = max(3600.0, 20 * (m or 0))

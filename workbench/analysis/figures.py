@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 from workbench.analysis.recovery import MILESTONES
 
@@ -27,8 +28,6 @@ def readable(fig):
 
 def timeline_figure(timeline: pd.DataFrame):
     """A Gantt-like plotly figure: one bar per fault, one segment per recovery phase."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     labels = [
         f"#{i} {r.action} r{r.target} @{r.t - timeline['t'].min():.0f}s" for i, r in enumerate(timeline.itertuples())
@@ -57,8 +56,6 @@ def timeline_figure(timeline: pd.DataFrame):
 
 def goodput_figure(g: dict):
     """A bar per badput part of a ``goodput`` result."""
-    import plotly.graph_objects as go
-
     parts = {k: v for k, v in g["badput_s"].items() if v > 0}
     fig = go.Figure(go.Bar(x=list(parts.values()), y=list(parts.keys()), orientation="h"))
     fig.update_layout(

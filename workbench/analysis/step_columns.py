@@ -48,7 +48,7 @@ import pandas as pd
 
 from workbench.analysis import step_index
 from workbench.analysis.metrics import arrange_steps
-from workbench.analysis.step_parse import KIND_STEP, arrow_chunk, gc_paused, step_lines
+from workbench.analysis.step_parse import KIND_STEP, arrow_chunk, gc_paused, inferred_column, step_lines
 from workbench.events.layout import EVENTS_DIR
 from workbench.events.reader import new_lines
 
@@ -179,13 +179,9 @@ class StepColumns:
 def _concat(chunks: list[pd.DataFrame]) -> pd.DataFrame:
     """Chunks as one frame, each object column re-inferred as the list-of-dicts constructor infers it
     (a column of strings in one chunk and absent in another is ``str`` there, ``object`` after a concat)."""
-    from pandas.core.internals.construction import convert_object_array
-
     df = pd.concat(chunks, ignore_index=True, sort=False)
-    obj = [c for c in df.columns if df[c].dtype == object]
-    if obj:
-        for c, arr in zip(obj, convert_object_array([df[c].to_numpy(dtype=object) for c in obj], dtype=None)):
-            df[c] = arr
+    for name in [c for c in df.columns if df[c].dtype == object]:
+        df[name] = inferred_column(df[name].to_numpy(dtype=object))
     return df
 
 
@@ -211,11 +207,8 @@ def _concat_columns(chunks: list[pd.DataFrame]) -> Optional[dict]:
         else:
             obj.append(name)
             out[name] = np.concatenate([c.iloc[:, i].to_numpy(dtype=object) for c in chunks])
-    if obj:
-        from pandas.core.internals.construction import convert_object_array
-
-        for name, arr in zip(obj, convert_object_array([out[n] for n in obj], dtype=None)):
-            out[name] = arr
+    for name in obj:
+        out[name] = inferred_column(out[name])
     return out
 
 

@@ -39,6 +39,7 @@ from typing import Optional
 
 import numpy as np
 import pandas as pd
+import pyarrow as pa
 
 from workbench.analysis.step_parse import column_to_numpy, gc_paused, object_array
 
@@ -65,8 +66,6 @@ def write(columns, run_dir: str | os.PathLike) -> bool:
 
 
 def _write(columns, run_dir: str | os.PathLike) -> bool:
-    import pyarrow as pa
-
     held, offsets, counters = columns.held()
     if held is None:
         return False
@@ -100,8 +99,6 @@ def read(run_dir: str | os.PathLike, events_dir: Path) -> Optional[tuple[pd.Data
 
 
 def _read(run_dir: str | os.PathLike, events_dir: Path) -> Optional[tuple[pd.DataFrame, dict[Path, int], dict]]:
-    import pyarrow as pa
-
     path = path_of(run_dir)
     try:
         with pa.OSFile(str(path)) as source:  # read, not mapped: the controller replaces the file under us
@@ -120,8 +117,6 @@ def _read(run_dir: str | os.PathLike, events_dir: Path) -> Optional[tuple[pd.Dat
 
 
 def _encode(df: pd.DataFrame):
-    import pyarrow as pa
-
     arrays, fields = [], []
     for name in df.columns:
         col = df[name]
@@ -143,8 +138,6 @@ def _encode(df: pd.DataFrame):
 
 
 def _encode_objects(values: np.ndarray):
-    import pyarrow as pa
-
     kinds = {type(v) for v in values}
     if kinds == {list}:
         try:

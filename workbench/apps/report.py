@@ -14,7 +14,9 @@ import plotly.express as px
 import plotly.io as pio
 
 from workbench import analysis
+from workbench.analysis.compare_figures import sweep_report_html
 from workbench.analysis.figures import readable
+from workbench.experiments.sweep import attach_sweep
 from workbench.run.handle import Run, attach
 from workbench.widgets.state import decimate
 
@@ -96,9 +98,6 @@ def write_report(path_or_run) -> Path:
     """Write ``report.html`` into the run (or sweep) directory and return its path."""
     target = Path(getattr(path_or_run, "run_dir", path_or_run))
     if (target / "sweep.json").exists():
-        from workbench.analysis.compare_figures import sweep_report_html
-        from workbench.experiments.sweep import attach_sweep
-
         text = sweep_report_html(attach_sweep(target))
     else:
         text = run_report(path_or_run if isinstance(path_or_run, Run) else attach(target))

@@ -23,7 +23,9 @@ not_injected        the fault never fired (the run ended first, say)
 =================== ==========================================================
 
 The rate is recovered over injected trials with a Wilson interval (scipy's
-``binomtest(...).proportion_ci(method="wilson")``), and the recovery phases
+``binomtest(...).proportion_ci(method="wilson")``, imported when a table is
+made: ``scipy.stats`` costs 1 s and 559 modules, measured, and ``workbench
+matrix`` and the whole CLI import this module), and the recovery phases
 (``analysis.recovery`` milestones: detected, quorum without the victim,
 replacement started, healed or restored, first committed step) are given as
 median and p95 seconds after the fault. A cell that cannot run says why
@@ -40,17 +42,20 @@ from typing import Any, Mapping, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 from workbench import analysis
+from workbench.cluster import backend_names
 from workbench.errors import SpecError
 from workbench.events.reader import EventReader
+from workbench.experiments.soak import unexplained_crashes
 from workbench.experiments.sweep import Sweep, attach_sweep, sweep
 from workbench.faults import kinds as faultkinds
 from workbench.run.rundir import write_json_text
 from workbench.spec.load import load_spec
 from workbench.spec.models import Spec
 from workbench.state.fold import run_state_of
-from workbench.trainers.registry import trainer_kind
+from workbench.trainers.registry import trainer_kind, trainer_names
 
 MATRIX_JSON = "matrix.json"
 OUTCOMES = ("recovered", "survivors_crashed", "unrecovered", "run_failed", "not_injected")
@@ -85,9 +90,6 @@ def plan(
     seconds: Optional[float] = None,
 ) -> tuple[list[dict], list[dict]]:
     """The cells and the points (one per trial of a runnable cell); pure, nothing created."""
-    from workbench.cluster import backend_names
-    from workbench.trainers.registry import trainer_names
-
     faults = _names(faults, "faults", faultkinds.names())
     trainers = _names(trainers or [base.trainer], "trainers", trainer_names())
     backends = _names(backends or [base.cluster], "backends", backend_names())
@@ -163,8 +165,6 @@ def attach_matrix(matrix_dir: Union[str, os.PathLike]) -> "Matrix":
 
 def trial_outcome(events: list[dict], elastic: bool) -> dict:
     """One trial's outcome and recovery phases (seconds after the fault), from its events alone."""
-    from workbench.experiments.soak import unexplained_crashes
-
     timeline = analysis.recovery_timeline(events)
     row = timeline.iloc[0] if len(timeline) else None
     out = {name: (float(row[col]) if row is not None else np.nan) for name, col in PHASES.items()}
@@ -185,7 +185,7 @@ def trial_outcome(events: list[dict], elastic: bool) -> dict:
 def wilson(k: int, n: int) -> tuple[float, float]:
     if n == 0:
         return (np.nan, np.nan)
-    from scipy.stats import binomtest
+    from scipy.stats import binomtest  # 1 s: see the module docstring
 
     ci = binomtest(k, n).proportion_ci(confidence_level=0.95, method="wilson")
     return float(ci.low), float(ci.high)
@@ -314,8 +314,6 @@ class Matrix:
 def heatmap_figure(table: pd.DataFrame, value: str = "rate"):
     """Fault kinds (rows) × trainer/backend (columns), coloured by ``value`` (``rate``, ``first_step_p95_s``, ...);
     a cell that cannot run is blank with its reason as text."""
-    import plotly.graph_objects as go
-
     cols = list(dict.fromkeys(f"{r.trainer} / {r.backend}" for r in table.itertuples()))
     rows = list(dict.fromkeys(table["fault"]))
     z = np.full((len(rows), len(cols)), np.nan)

@@ -6,6 +6,7 @@ from typing import Callable, Optional, Sequence, Union
 
 import numpy as np
 import pandas as pd
+import plotly.graph_objects as go
 
 from workbench.projection.model import STRATEGIES, Projection
 
@@ -75,8 +76,6 @@ def crossings(curves: pd.DataFrame) -> pd.DataFrame:
 def scale_figure(curves: pd.DataFrame, measured: Optional[dict] = None, title: str = ""):
     """Goodput vs accelerators (log axis), one line per strategy, crossings as markers; ``measured``:
     ``{"gpus", "goodput", "strategy", "label"}`` of a run on this machine."""
-    import plotly.graph_objects as go
-
     fig = go.Figure()
     for s in STRATEGIES:
         c = curves[curves["strategy"] == s]

@@ -12,11 +12,10 @@ Values that leave Python as text (seeds, flags, script lines, file names) are
 checked for range and form where they are declared (:mod:`.forms`);
 ``spec.preflight`` holds the checks that need the world (a writable run root).
 
-Two imports wait for the check that needs them. The backend table is read
-through ``workbench.cluster``, whose package imports submitit: 55 ms and 84
-modules (measured) that a spec loaded to be validated, shown or replayed does
-not need. ``torch`` (1.5 s, 970 modules) is imported only to check that
-``ft.quantize`` can run on this machine.
+The backends' table (``cluster.backends``) is read at import: its package
+imports submitit (55 ms, 84 modules, measured), which validating any spec did
+anyway. ``torch`` (1.5 s, 970 modules) is imported only by the check that
+``ft.quantize`` can run on this machine, where a spec asks for it.
 """
 
 from __future__ import annotations
@@ -28,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal, Optional
 
 from pydantic import Field, field_validator, model_validator
 
+from workbench.cluster.backends import backend_class, backend_names
 from workbench.faults import kinds as faultkinds
 from workbench.spec import forms
 from workbench.spec.sections import (
@@ -50,21 +50,6 @@ if TYPE_CHECKING:
     TrainerName = str  # the names come from the registry at run time: a type checker sees a str
 else:
     TrainerName = Literal[TRAINERS]
-
-
-def _backend_names() -> tuple[str, ...]:
-    """The spec's ``cluster`` values; imported when first needed, as the backend classes are: importing the
-    cluster package imports submitit (see the module docstring)."""
-    from workbench.cluster.backends import backend_names
-
-    return backend_names()
-
-
-def _backend_class(name: str) -> Any:
-    """The class of backend ``name``, for the facts it states as class attributes (``Cluster.loopback_only``)."""
-    from workbench.cluster.backends import backend_class
-
-    return backend_class(name)
 
 
 def is_loopback(host: str) -> bool:
@@ -128,8 +113,8 @@ class Spec(Section):
     @field_validator("cluster")
     @classmethod
     def _backend(cls, v: str) -> str:
-        if v not in _backend_names():
-            raise ValueError(f"got {v!r}; allowed: {', '.join(_backend_names())}")
+        if v not in backend_names():
+            raise ValueError(f"got {v!r}; allowed: {', '.join(backend_names())}")
         return v
 
     @model_validator(mode="after")
@@ -139,7 +124,7 @@ class Spec(Section):
             raise ValueError(f"min_replicas ({self.min_replicas}) must be <= replicas ({self.replicas})")
         self._check_faults()
         lh = self.lighthouse
-        if _backend_class(self.cluster).loopback_only and not lh.allow_non_loopback and not is_loopback(lh.bind_host):
+        if backend_class(self.cluster).loopback_only and not lh.allow_non_loopback and not is_loopback(lh.bind_host):
             raise ValueError(
                 f"lighthouse.bind_host: {lh.bind_host!r} is not a loopback address; a {self.cluster} "
                 "run listens on 127.0.0.1 only (set lighthouse.allow_non_loopback: true to serve "
@@ -236,7 +221,7 @@ class Spec(Section):
         """torchft quantizes with Triton on CUDA, and silently does not elsewhere: refuse it where the jobs
         have no GPU. Where they run elsewhere the backend names the spec key that gives them GPUs
         (``job_gpus_key``); where they run here, this machine must have CUDA and Triton."""
-        key = _backend_class(self.cluster).job_gpus_key
+        key = backend_class(self.cluster).job_gpus_key
         if key is not None:
             section, _, field = key.partition(".")
             if getattr(getattr(self, section), field) < 1:

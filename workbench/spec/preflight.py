@@ -7,6 +7,7 @@ work and returns warnings for what works badly; nothing is created or started.
 from __future__ import annotations
 
 import os
+import socket
 from pathlib import Path
 
 from workbench.errors import SpecError
@@ -15,8 +16,6 @@ from workbench.trainers.registry import trainer_kind
 
 
 def _port_busy(host: str, port: int) -> bool:
-    import socket
-
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         try:
             sock.bind((host, port))

@@ -27,6 +27,7 @@ from plotly.subplots import make_subplots
 
 from workbench.analysis.figures import readable
 from workbench.analysis.wallclock import Replay, Snapshot, Timeline
+from workbench.trainers import trainer_kind
 from workbench.widgets.liveplot import LivePlot, live_spec, plain, plotly_lib
 from workbench.widgets.lossplot import MARKER_STYLE
 from workbench.widgets.panels import backlog_html, grid_html, show
@@ -129,8 +130,6 @@ class WallClockView:
         polling: Callable[[], bool],
         tiles: w.HTML,
     ) -> None:
-        from workbench.trainers import trainer_kind
-
         self.run, self.spec, self.state = run, run.spec, state
         self.plot_every = plot_every
         self._lock, self._polling, self._tiles = lock, polling, tiles

@@ -29,6 +29,7 @@ import plotly.graph_objects as go
 
 from workbench.analysis import compare, compare_figures
 from workbench.analysis.figures import readable
+from workbench.experiments.sweep import SWEEP_TERMINAL, Sweep
 from workbench.run.handle import ENDED, Run, as_run
 from workbench.widgets.plot import plot_bundle
 from workbench.widgets.updater import Updater, active
@@ -65,8 +66,6 @@ class ComparisonWidget(w.VBox):
         start: bool = True,
         **kwargs: Any,
     ) -> None:
-        from workbench.experiments.sweep import Sweep
-
         self.sweep: Optional[Sweep] = source if isinstance(source, Sweep) else None
         self._runs = None if self.sweep is not None else [as_run(r) for r in source]
         if self.sweep is not None:
@@ -130,8 +129,6 @@ class ComparisonWidget(w.VBox):
 
     def ended(self) -> bool:
         if self.sweep is not None:
-            from workbench.experiments.sweep import SWEEP_TERMINAL
-
             return self.sweep.state() in SWEEP_TERMINAL
         return all(r.state() in ENDED for r in self._runs)
 

@@ -37,6 +37,7 @@ from typing import Any, Optional
 import ipywidgets as w
 
 from workbench.analysis.wallclock import GRID_MIN_GROUPS, Replay, Snapshot, cells
+from workbench.run.handle import attach
 from workbench.widgets import panels
 from workbench.widgets.appendplot import PlotFeed
 from workbench.widgets.clockview import WallClockView
@@ -76,8 +77,6 @@ class Dashboard(w.VBox):
         **kwargs: Any,
     ) -> None:
         if isinstance(run, (str, Path)):
-            from workbench.run.handle import attach
-
             run = attach(run)
         self.run = run
         self.run_dir = run.run_dir

@@ -45,6 +45,7 @@ from typing import Optional
 
 import anywidget
 import numpy as np
+import plotly
 import plotly.graph_objects as go
 import plotly.io as pio
 import traitlets
@@ -56,8 +57,6 @@ KEYFRAME_AFTER_S = (1.0, 4.0)
 
 
 def _plotly_source() -> str:
-    import plotly
-
     return (Path(plotly.__file__).parent / "package_data" / "plotly.min.js").read_text()
 
 

@@ -20,6 +20,7 @@ import argparse
 import sys
 from typing import Optional, Sequence
 
+from workbench.apps.classroom import DEFAULT_PORT
 from workbench.apps.cli.experiments import cmd_drill, cmd_ls, cmd_matrix, cmd_sweep
 from workbench.apps.cli.plugins import PLUGINS, cmd_plugin
 from workbench.apps.cli.project import PROJECT_FLAGS, cmd_project
@@ -171,8 +172,6 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--replicates", type=int, default=32, help="Monte-Carlo replicates")
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_project)
-
-    from workbench.apps.classroom import DEFAULT_PORT
 
     s = sub.add_parser("classroom", help="the live dashboard as a page with no code (Voilà, 127.0.0.1, token)")
     s.add_argument(

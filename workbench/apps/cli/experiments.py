@@ -5,15 +5,21 @@ on commas outside brackets, braces and quotes, so a list value stays one
 value); ``matrix`` crosses fault kinds, trainers and backends with N trials
 each; ``drill`` probes what this Slurm does to jobs; ``ls`` lists runs and
 sweeps. The experiments themselves live in :mod:`workbench.experiments` and
-:mod:`workbench.cluster.slurm.drill`, imported when their command runs.
+:mod:`workbench.cluster.slurm.drill`.
 """
 
 from __future__ import annotations
 
 import json
+import os
 
 from workbench.apps.cli.runs import follow
+from workbench.cluster.slurm.drill import drill
 from workbench.errors import SpecError
+from workbench.experiments.matrix import OUTCOMES, matrix
+from workbench.experiments.sweep import attach_sweep, list_sweeps, sweep
+from workbench.run.listing import runs_listing
+from workbench.spec.load import parse_override
 
 
 def split_values(raw: str) -> list[str]:
@@ -37,9 +43,6 @@ def split_values(raw: str) -> list[str]:
 
 
 def cmd_sweep(args) -> int:
-    from workbench.experiments.sweep import sweep
-    from workbench.spec.load import parse_override
-
     fixed, grid = {}, {}
     for item in args.overrides:
         key, _, raw = item.partition("=")
@@ -62,8 +65,6 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_matrix(args) -> int:
-    from workbench.experiments.matrix import OUTCOMES, matrix
-
     window = None
     if args.window:
         lo, _, hi = args.window.partition(":")
@@ -104,19 +105,12 @@ def cmd_matrix(args) -> int:
 
 
 def cmd_drill(args) -> int:
-    from workbench.cluster.slurm.drill import drill
-
     table = drill(partition=args.partition, timeout_s=args.timeout)
     print(table.to_string(index=False))
     return 0
 
 
 def cmd_ls(args) -> int:
-    import os
-
-    from workbench.experiments.sweep import attach_sweep, list_sweeps
-    from workbench.run.listing import runs_listing
-
     root = args.run_root or os.environ.get("WORKBENCH_RUN_ROOT", "runs")
     runs = runs_listing(root)
     sweeps = []

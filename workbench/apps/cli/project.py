@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 
+from workbench.projection.calibrate import project
 from workbench.run.handle import attach
 
 PROJECT_FLAGS = (  # flag, input, type, help (units)
@@ -33,8 +34,6 @@ PROJECT_FLAGS = (  # flag, input, type, help (units)
 
 
 def cmd_project(args) -> int:
-    from workbench.projection.calibrate import project
-
     inputs = {name: getattr(args, name) for _, name, _, _ in PROJECT_FLAGS if getattr(args, name) is not None}
     if "horizon_s" in inputs:
         inputs["horizon_s"] *= 86400.0

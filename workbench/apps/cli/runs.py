@@ -159,7 +159,7 @@ def cmd_summary(args) -> int:
 
 
 def cmd_replay(args) -> int:
-    # plotly's subplots, io and colours (40 ms, 94 modules, measured): only `workbench replay` pays for them
+    # plotly's subplots, io and colours (40 ms, 87 modules, measured): only `workbench replay` pays for them
     from workbench.analysis.compare_figures import replay_comparison
 
     run = replay(args.run)

