@@ -9,7 +9,8 @@ on / off (interleaved), the per-step cost broken down against plain DDP
 (``stepcost``), heal bandwidth at ~250 MB (``heal``), the event pipeline, then ``ft.algorithm``
 under one recorded fault trace (``algorithms``: :mod:`bench.algorithms`, its own section of the report),
 the live loss plot in the kernel and in chromium (``live_plot``: :mod:`bench.live_plot`), and the fork server
-against submitit's LocalExecutor (``forkserver``: :mod:`bench.forkserver`), each its own section.
+against submitit's LocalExecutor (``forkserver``: :mod:`bench.forkserver`), and how fast a semi-synchronous round
+gets over a fault (``syncfaults``: :mod:`bench.syncfaults`), each its own section.
 ``--only`` runs a subset and replaces only those sections of ``--out``. A run
 or section that fails is listed at the end and the exit status is 1. The
 process renices itself (and so every run it starts) by 10: the machine is shared.
@@ -37,6 +38,7 @@ from . import (
     report,
     sessions,
     stepcost,
+    syncfaults,
     torchft_logs,
 )
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
@@ -88,6 +90,7 @@ SECTIONS = (
     "algorithms",
     "live_plot",
     "forkserver",
+    "syncfaults",
 )
 
 
@@ -136,11 +139,12 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(f"bench ({info['mode']}): {info['nproc']} CPUs, {info['cpu_model']}, load {info['loadavg_at_start']}")
 
-    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg, lp, fork = (
+    clean, kill_runs, spare_runs, faulted, log_route, step_cost, heal_bw, alg, lp, fork, sync = (
         [],
         [],
         [],
         [],
+        None,
         None,
         None,
         None,
@@ -191,6 +195,11 @@ def main(argv: list[str] | None = None) -> int:
         if "forkserver" in only:
             print("[fork server] kill -> participating, submit -> first step, fork server vs LocalExecutor")
             fork = _section(crashed, "forkserver", forkserver.measure, 1 if args.quick else 3, root)
+        if "syncfaults" in only:
+            print(
+                "[sync faults] kill inside a sync's all-reduce (drop_failed_pg), a group stopped mid-window (catch_up)"
+            )
+            sync = _section(crashed, "syncfaults", syncfaults.measure, 1 if args.quick else 3, root)
         if "live_plot" in only:
             print("[live plot] kernel-side update cost at 100k points, event -> drawn in chromium")
             lp = _section(
@@ -252,6 +261,8 @@ def main(argv: list[str] | None = None) -> int:
         name = "benchmarks.json"
     if fork is not None:
         _write_marked(out, "forkserver", forkserver.render(fork))
+    if sync is not None:
+        _write_marked(out, "syncfaults", syncfaults.render(sync))
     if lp is not None:
         _write_marked(
             out,

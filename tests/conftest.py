@@ -36,6 +36,23 @@ def pytest_runtest_makereport(item, call):
         report.longrepr = f"skipped under CI=true, where every prerequisite must be present: {reason}"
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_make_collect_report(collector):
+    """The same for a skip while collecting: ``pytest.importorskip`` (or ``pytest.skip(allow_module_level=
+    True)``) at a module's top skips the whole module before any of its tests exists, so the hook above never
+    sees it; under ``CI=true`` the module's collection fails instead, naming what was missing. Changed here,
+    where the report is made, so that every ``pytest_collectreport`` (the terminal's summary, the session's
+    failure count) already sees a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    if IN_CI and report.skipped and collector.get_closest_marker("needs_hardware") is None:
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        report.outcome = "failed"
+        report.longrepr = (
+            f"{collector.nodeid}: skipped under CI=true, where every prerequisite must be present: {reason}"
+        )
+
+
 def kill_pids(pids) -> None:
     for pid in pids:
         try:

@@ -377,15 +377,16 @@ def test_groups_waiting_in_a_sync_for_a_stopped_peer_are_not_flagged_as_hung(sta
         timeout=30,
     )
     fault = run.kill(replica=2, how="hang", seconds=5)
-    # The sync after the stop: all three commit it once group 2 runs again.
-    run.wait_for(lambda r: any(s["t"] > fault["t"] + 5 for s in committed(r)), timeout=60)
+    # The sync after the stop: all three commit it once group 2 runs again (its ``resume``, 5 s on).
+    resumed = lambda r: [e for e in r.events_read if e["kind"] == "fault" and e.get("resumed") == "hang"]
+    run.wait_for(lambda r: resumed(r) and any(s["t"] > resumed(r)[0]["t"] for s in committed(r)), timeout=60)
     waited = [
         e
         for e in run.events_read
         if e["kind"] == "heartbeat"
         and e.get("waiting") == "sync"
         and e.get("replica") in (0, 1)
-        and fault["t"] + 2 < e["t"] < fault["t"] + 5
+        and fault["t"] + 2 < e["t"] < resumed(run)[0]["t"]
     ]
     hangs = [e for e in run.events_read if e["kind"] == "hang"]
     run.stop(timeout=20)
@@ -437,8 +438,12 @@ def test_a_group_frozen_mid_window_holds_its_peers_at_the_next_sync_unless_it_ca
     run.stop(timeout=20)
     assert first[2]["participants"] == 3 and first[2].get("early", False) is catch_up, first[2]
     peers_blocked = [first[r]["seconds"] for r in (0, 1)]
+    # Held means about the 2 s group 2 is behind; not held, a sync's own time. 1.5 s tells them apart (a
+    # loaded machine only lengthens a hold; a normal sync stays well under it). The normal sync's time itself
+    # (under 1 s, the lighthouse's heartbeat timeout) is measured by ``make bench`` (``python -m bench --only
+    # syncfaults``: ``bench/syncfaults.py``).
     if catch_up:
-        assert max(peers_blocked) < 1.0, peers_blocked
+        assert max(peers_blocked) < 1.5, peers_blocked
     else:
         assert min(peers_blocked) > 1.5, peers_blocked
 
@@ -481,8 +486,8 @@ def test_a_kill_inside_a_syncs_allreduce_fails_every_peer_at_once_when_the_faile
     """Four DiLoCo groups; ``kill_in_allreduce`` holds group 3 before its sync's all-reduce, so the other
     three are inside the all-reduce (a ring) waiting for it when the SIGKILL lands. Its two ring
     neighbours fail at once either way. With ``torchft.drop_failed_pg`` they destroy their process group,
-    which fails the all-reduce for the third group too: every survivor leaves the round within a second
-    of the kill (measured 0.02-0.10 s), and the round is voted down. Without it the third group waits out the whole
+    which fails the all-reduce for the third group too: every survivor leaves the round at once (0.02-0.10 s
+    on an idle machine, 0.44 s at a load of 5: ``bench/syncfaults.py``), and the round is voted down. Without it the third group waits out the whole
     ``pg_timeout_ms`` (20 s here)."""
     run = start_run(
         "algorithms",
@@ -513,7 +518,11 @@ def test_a_kill_inside_a_syncs_allreduce_fails_every_peer_at_once_when_the_faile
     assert len(held) == 1 and held[0]["t"] < fault["t"], held  # the kill came while group 3 held
     assert not any(s["committed"] for s in first.values()), first  # the round the kill broke is voted down
     left = sorted(s["t"] - fault["t"] for s in first.values())
+    # "At once" against "after the timeout": a quarter of the 20 s ``pg_timeout_ms`` tells them apart however
+    # loaded the machine (a step here can take a second under load). How soon they leave (0.02-0.10 s on an
+    # idle machine) is measured by ``make bench`` (``python -m bench --only syncfaults``: ``bench/syncfaults.py``).
+    quarter = 20.0 / 4
     if drop:
-        assert left[-1] < 1.0, left
+        assert left[-1] < quarter, left
     else:
-        assert left[0] < 1.0 and left[-1] > 15.0, left  # the neighbours at once, the third after the timeout
+        assert left[0] < quarter and left[-1] > 15.0, left  # the neighbours at once, the third after the timeout

@@ -386,7 +386,7 @@ def test_kill_button_kills_the_replica_of_a_real_run(real_run):
             timeout=10,
             what="the tile to show the kill",
         )
-        wait_until(lambda: len(d.loss_plot.drawn("faults").get("x", [])) >= 1, timeout=5, what="a fault marker")
+        wait_until(lambda: len(d.loss_plot.drawn("faults").get("x", [])) >= 1, timeout=30, what="a fault marker")
         wait_until(
             lambda: d.state.tiles[1].attempt >= 1 and d.state.tiles[1].state == "participating",
             timeout=120,

@@ -26,9 +26,11 @@ def test_a_killed_rank_fails_the_job_fast_and_the_relaunch_resumes_from_the_chec
     assert sorted(starts) == [(r, a) for r in range(3) for a in range(2)]
     assert fault["pid"] == starts[(1, 0)]["pid"]  # the fault menu found the rank's own process
 
-    # Fail fast: the job ended (every rank gone) soon after the kill, not after a collective timeout.
+    # Fail fast: the job ended (every rank gone) soon after the kill, not after a collective timeout: within a
+    # quarter of it (30 s), which a loaded machine keeps. How soon (about a second) is ``make bench``'s
+    # ``restart_recoveries`` (``replacement_started_s`` of the ddp-restart runs: kill → the next attempt's start).
     ended = next(e for e in ev if e["kind"] == "job" and e["attempt"] == 0)
-    assert ended["clean"] is False and ended["t"] - fault["t"] < 5.0
+    assert ended["clean"] is False and ended["t"] - fault["t"] < run.spec.torchft.timeout_s / 4
     assert [e["attempt"] for e in ev if e["kind"] == "restart"] == [1]
 
     ckpts = [e for e in ev if e["kind"] == "checkpoint" and e["attempt"] == 0 and e.get("state") != "started"]

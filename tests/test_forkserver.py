@@ -184,11 +184,22 @@ def test_a_killed_group_is_relaunched_as_a_forked_child_heals_and_participates(s
     proc = psutil.Process(again["pid"])
     assert abs(proc.create_time() - psutil.boot_time() - again["pid_start"]) <= 0.05  # seconds since boot
     assert proc.ppid() == server.pid  # forked by the run's fork server, not started by submitit's local controller
-    assert [
+    # Nothing left to import: a fraction of what the same imports cost a fresh interpreter now, on this machine
+    # under its present load (a fixed 0.5 s broke under load). The speed itself: ``make bench``'s fork server
+    # section (``imports_done`` of a forked replacement against submitit's fresh interpreter).
+    (forked_s,) = [
         e["seconds"]
         for e in events
         if e["kind"] == "phase" and e.get("phase") == "imports_done" and e.get("replica") == 1 and e.get("attempt") == 1
-    ][0] < 0.5  # nothing left to import
+    ]
+    fresh = subprocess.run(
+        [sys.executable, "-c", "import time; t = time.time(); import torch, torchft; print(time.time() - t)"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    assert forked_s < float(fresh.stdout) / 4, (forked_s, fresh.stdout)
     # torchft.tokio_worker_threads: the Manager's runtimes (its server and its client) each have that many workers.
     for pid in (starts[(0, 0)]["pid"], again["pid"]):
         names = [Path(f"/proc/{pid}/task/{t}/comm").read_text().strip() for t in os.listdir(f"/proc/{pid}/task")]

@@ -1,6 +1,9 @@
 """Faults done to the machine (workbench.faults.host): injected, undone, and never outliving their fault."""
 
+import os
+import signal
 import subprocess
+import time
 import uuid
 from pathlib import Path
 
@@ -10,6 +13,8 @@ from workbench import analysis
 from workbench.cluster.procs import Proc
 from workbench.faults import host as hostfaults
 from workbench.faults import kinds as faultkinds
+
+from .conftest import workbench_cli
 
 pytestmark = pytest.mark.slow
 
@@ -47,20 +52,25 @@ def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_lea
     group = Path(fault["cgroup"])
     assert (group / "freezer.state").read_text().strip() in ("FREEZING", "FROZEN")
     assert run.status()["replicas"]["1"]["state"] == "hung"
+    frozen_from, frozen_until = _frozen_span(group)
     resumed = run.wait_for(
         lambda r: any(e["kind"] == "fault" and e.get("resumed") == "freeze" for e in r.events_read), timeout=30
     )
     resume = next(e for e in resumed.events_read if e.get("resumed") == "freeze")
     assert not group.exists() and _cgroup_of(pid, "freezer") == before["freezer"]
-    # Frozen means no step of its own in between; thawed, the same process steps on.
-    assert _steps(run, 1, fault["t"] + 0.5, resume["t"] - 0.05) == []
+    # Frozen means no step of its own while the freezer said FROZEN (read here, not guessed from the fault's
+    # time: on a loaded machine freezing takes a while); thawed, the same process steps on.
+    assert frozen_until - frozen_from > 1.0, (frozen_from, frozen_until)
+    assert _steps(run, 1, frozen_from, frozen_until) == []
     run.wait_for(lambda r: len(_steps(r, 1, resume["t"])) >= 3, timeout=60)
     assert run.status()["replicas"]["1"]["pid"] == pid
 
+    # Each held its seconds (the undo's timer starts just before the fault is recorded). How late the detached
+    # helper undoes one on a loaded machine is a speed figure: ``thawed_s`` of ``python -m bench.netfaults``.
     timeline = analysis.recovery_timeline(run.event_records())
     rows = timeline.set_index("action")
-    assert rows.loc["straggler", "replacement_started"] == pytest.approx(4, abs=1.5)
-    assert rows.loc["freeze", "replacement_started"] == pytest.approx(3, abs=1.5)
+    assert rows.loc["straggler", "replacement_started"] >= 4 - 0.5
+    assert rows.loc["freeze", "replacement_started"] >= 3 - 0.5
     assert rows.loc["freeze", "participating"] >= rows.loc["freeze", "replacement_started"]
 
     # Stopped mid-fault: the controller undoes what the fault holds before it exits.
@@ -71,6 +81,65 @@ def test_straggler_and_freeze_on_a_local_run_are_undone_and_a_stop_mid_fault_lea
     # ... and ends the undo helpers that were waiting to do it, and the frozen group's processes ended too.
     assert all(Proc(*f["undo_helper"]).why_not() is not None for f in held)
     assert run.pids() == []
+
+
+def test_a_controller_killed_mid_fault_leaves_no_host_fault_behind(start_run):
+    """The controller is SIGKILLed (the OOM killer, say) while group 1 is frozen for 3 s and group 0 throttled
+    for 10 min. Nothing of the controller runs its shutdown. The freeze is thawed on time by its detached undo
+    helper, which needs no controller, and the frozen process steps on; the throttle is still there, and
+    the next command that ends the run (``workbench stop``, which finds the controller gone) undoes it."""
+    run = start_run("demo", {"faults": [], "steps": 100000, "replicas": 2, "min_replicas": 1})
+    run.wait_for_step(20, replica=1, timeout=180)
+    pids = {r: run.status()["replicas"][str(r)]["pid"] for r in (0, 1)}
+    freezer_before = _cgroup_of(pids[1], "freezer")
+    frozen = run.kill(replica=1, how="freeze", seconds=3)
+    throttled = run.kill(replica=0, how="straggler", seconds=600)
+    assert sorted(hostfaults.cgroups(run.id)) == sorted([frozen["cgroup"], throttled["cgroup"]])
+
+    controller = run._controller
+    os.kill(controller.pid, signal.SIGKILL)
+    assert controller.wait(timeout=30) == -signal.SIGKILL
+    run.wait_for(lambda r: r.state() == "lost", timeout=30)
+
+    resumed = run.wait_for(
+        lambda r: any(e["kind"] == "fault" and e.get("resumed") == "freeze" for e in r.events_read), timeout=60
+    )
+    resume = next(e for e in resumed.events_read if e.get("resumed") == "freeze")
+    assert resume["t"] - frozen["t"] >= 3 - 0.5
+    assert not Path(frozen["cgroup"]).exists() and _cgroup_of(pids[1], "freezer") == freezer_before
+    run.wait_for(lambda r: len(_steps(r, 1, resume["t"])) >= 3, timeout=120)  # thawed: the same process steps on
+    assert run.status()["replicas"]["1"]["pid"] == pids[1]
+
+    assert Path(throttled["cgroup"]).exists()
+    assert pids[0] in {int(p) for p in Path(throttled["cgroup"], "cgroup.procs").read_text().split()}
+    stopped = workbench_cli("stop", str(run.run_dir))
+    assert stopped.returncode == 0, stopped.stdout + stopped.stderr
+    assert hostfaults.cgroups(run.id) == []
+    assert Proc(*throttled["undo_helper"][:3]).why_not() is not None  # its helper, with nothing left to undo, ended
+    assert run.pids() == []
+
+
+def _frozen_span(group: Path, timeout: float = 60.0) -> tuple[float, float]:
+    """Poll ``group``'s freezer until the cgroup is gone: the wall-clock span over which it read FROZEN,
+    each end on the safe side (the first stamped after a read said FROZEN, the last before one did)."""
+    first = last = None
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        t_before = time.time()
+        try:
+            state = (group / "freezer.state").read_text().strip()
+        except OSError:
+            break  # removed: the undo ran
+        if state == "FROZEN":
+            if first is None:
+                first = time.time()
+            else:
+                last = t_before
+        elif first is not None:
+            break  # thawing
+        time.sleep(0.02)
+    assert first is not None and last is not None, f"{group} never read FROZEN twice"
+    return first, last
 
 
 def test_network_kinds_are_refused_in_one_line_where_the_backend_has_no_namespaces():
@@ -111,7 +180,7 @@ def _tbf(node, inside=False):
     return "tbf" in subprocess.run(argv, capture_output=True, text=True, timeout=20).stdout
 
 
-def test_partition_and_slow_link_are_undone_and_sweep_finds_what_a_dead_controller_left(node_netns):
+def test_partition_and_slow_link_are_undone_and_sweep_finds_those_nothing_is_left_to_undo(node_netns):
     node = node_netns
     made = hostfaults.cut_link("partition", node)
     assert f"wbn-{node}" in hostfaults.links_down()
@@ -123,7 +192,8 @@ def test_partition_and_slow_link_are_undone_and_sweep_finds_what_a_dead_controll
     made.undo()
     assert not _tbf(node) and not _tbf(node, inside=True)
 
-    # Nobody left to undo them (the controller and the helper died): `cluster down`'s sweep finds them by name.
+    # Made with no undo helper (as if theirs had died: a real dead controller with a cgroup kind is the test
+    # above; a link kind needs the dev cluster's namespaces): `cluster down`'s sweep finds them by name.
     hostfaults.cut_link("partition", node)
     hostfaults.cut_link("slow_link", node)
     hostfaults.confine("straggler", f"wbn-sweeptest-{node}-r0-straggler", [])

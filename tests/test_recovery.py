@@ -51,18 +51,47 @@ def test_goodput_of_a_fault_free_run_is_one_and_kill_badput_adds_up(start_run):
     )
     assert clean.wait(timeout=300)["state"] == "completed"
     assert killed.wait(timeout=300)["state"] == "completed"
-    g = analysis.goodput(clean.event_records(), clean.spec)
-    assert 0.9 <= g["goodput"] <= 1.1, g
-    k = analysis.goodput(killed.event_records(), killed.spec)
+    events = clean.event_records()
+    g = analysis.goodput(events, clean.spec)
+    # By hand from the events: the work is every committed step a group took part in (one rank a group:
+    # ``batch_size`` samples each), over the time from the first committed step to the last.
+    committed = [e for e in events if e["kind"] == "step" and e.get("committed")]
+    assert g["useful_samples"] == clean.spec.model.batch_size * sum(
+        1 for e in committed if e.get("participating", True)
+    )
+    assert g["T_s"] == pytest.approx(max(e["t"] for e in committed) - min(e["t"] for e in committed), abs=1e-6)
+    # Against its own rate a fault-free run loses nothing. The rate is measured over whole bins of at least
+    # 1 s and the work over the whole window, so the two differ by the last partial bin's share of the
+    # ~30 s (at most 1/30) times how far its rate strays from the rest (1.004 measured). A rate per group
+    # instead of the run's (1/3), or a window from the first start instead of the first step (~3 % here),
+    # is off by more.
+    assert g["goodput"] == pytest.approx(1.0, abs=0.02), g
+
+    events = killed.event_records()
+    k = analysis.goodput(events, killed.spec)
     assert k["goodput"] < g["goodput"]
-    parts = k["badput_s"]
+    parts, n = k["badput_s"], killed.spec.replicas
     assert parts["missing"] > 0 and parts["restart"] > 0 and parts["discarded"] > 0
-    # Time-based parts and work-based loss are computed independently; they must agree.
-    assert abs(sum(parts.values()) - k["lost_s"]) < 0.05 * k["T_s"], k
-    # Each kill costs about one group's absence, i.e. kill→rejoin / replicas of full-rate time.
-    timeline = analysis.recovery_timeline(killed.event_records())
-    expected = timeline.loc[analysis.ends_process(timeline), "participating"].sum() / killed.spec.replicas
-    assert parts["missing"] + parts["restart"] + parts["heal"] == pytest.approx(expected, rel=0.35)
+    steps = sorted((e for e in events if e["kind"] == "step"), key=lambda e: e["t"])
+    first_step: dict = {}
+    for e in steps:
+        first_step.setdefault((e["replica"], e["attempt"]), e["t"])
+    # Each kill costs its group's absence: from the kill to the next attempt's first step (the step it heals
+    # in) the group had no process (``missing``) or one starting (``restart``): that time of one of n groups,
+    # in full-rate seconds. By hand from the fault and step events.
+    kills = [e for e in events if e["kind"] == "fault" and e["action"] == "kill"]
+    assert [(f["target"], f["attempt"]) for f in kills] == [(1, 0), (2, 0)]
+    absent = sum(first_step[(f["target"], f["attempt"] + 1)] - f["t"] for f in kills) / n
+    assert parts["missing"] + parts["restart"] == pytest.approx(absent, abs=k["normal_step_s"]), (parts, absent)
+    # The parts are ``lost_s`` (T minus the work at the steady rate) broken down by cause, so they add up to it
+    # when every group's time in the window is counted once: no gap, no overlap (not an independent measure,
+    # the check of the breakdown). What they may miss: the first step of each attempt (work, with no interval
+    # before it), and each group's wait for its first step where it started before the first commit (no part
+    # claims it). Measured: off by 0.14 s against a slack of 0.26 s; with ``missing`` left out, 0.32 s.
+    t0 = min(e["t"] for e in steps if e.get("committed"))
+    unclaimed = sum(max(0.0, t - t0) for (_, attempt), t in first_step.items() if attempt == 0)
+    slack = (unclaimed + len(first_step) * k["normal_step_s"]) / n
+    assert abs(sum(parts.values()) - k["lost_s"]) <= slack, (parts, k["lost_s"], slack)
 
 
 def test_a_sigstopped_replica_is_detected_as_hung_within_the_window(start_run):
@@ -71,12 +100,15 @@ def test_a_sigstopped_replica_is_detected_as_hung_within_the_window(start_run):
     fault = run.kill(replica=1, how="hang", seconds=8)
     run.wait_for(lambda r: any(e["kind"] == "hang" and e.get("target") == 1 for e in r.events_read), timeout=30)
     hang = next(e for e in run.events_read if e["kind"] == "hang" and e.get("target") == 1)
-    last_step = max(
-        e["t"] for e in run.events_read if e["kind"] == "step" and e["replica"] == 1 and e["t"] < fault["t"]
-    )
-    # Reported once the peer has moved on without it: a dead peer holds the survivor up for
-    # about the process-group plus heartbeat timeouts (1 s each here).
-    assert 2.0 <= hang["seconds_without_progress"] < 2.0 + 2.0
-    assert hang["t"] - last_step < 2.0 + 2.0
+    # Not before the timeout, and while the group is stopped (it runs again at the ``resume``, 8 s on). How
+    # soon after the timeout (the peer moves on once the process-group and heartbeat timeouts, 1 s each here,
+    # have passed: about 2 s) is a speed figure, measured by ``python -m bench.netfaults`` (``hang_reported_s``
+    # of a freeze, the same detector): a loaded machine delays the peer and the controller's tick.
+    assert hang["seconds_without_progress"] >= 2.0
     assert run.status()["replicas"]["1"]["state"] == "hung"
+    resumed = run.wait_for(
+        lambda r: any(e["kind"] == "fault" and e.get("resumed") == "hang" for e in r.events_read), timeout=30
+    )
+    resume = next(e for e in resumed.events_read if e["kind"] == "fault" and e.get("resumed") == "hang")
+    assert fault["t"] < hang["t"] < resume["t"], (fault, hang, resume)
     run.stop()

@@ -232,7 +232,7 @@ def test_partition_of_a_groups_node_survivors_go_on_it_rejoins_and_no_fault_outl
     run.wait_for(lambda r: len(steps(r, 1, back["t"])) >= 5, timeout=240)
     # The survivor committed without it during the cut; the cut-off side committed nothing (bar a step in flight).
     assert any(e.get("participants") == 1 for e in steps(run, 0, fault["t"], back["t"]))
-    assert steps(run, 1, fault["t"] + 1.0, back["t"]) == []
+    assert len(steps(run, 1, fault["t"], back["t"])) <= 1  # its step in flight at most, however loaded the machine
     row = analysis.recovery_timeline(run.event_records()).set_index("action").loc["partition"]
     assert row["quorum_without_victim"] < row["replacement_started"] < row["participating"]
     # The controller samples each node's health; the node's link counted the partitioned group's traffic.

@@ -62,3 +62,42 @@ def test_a_crash_of_a_group_that_was_killed_earlier_still_counts(tmp_path):
     ctl.emit("job", replica=2, attempt=0, job_id="3", state="ended", clean=False, reason="stopped")
     crashes = unexplained_crashes(EventReader(tmp_path).poll())
     assert [(e["replica"], e["attempt"]) for e in crashes] == [(1, 1)]
+
+
+def _ended(replica, attempt, t, reason="died"):
+    return {"kind": "job", "t": t, "replica": replica, "attempt": attempt, "clean": False, "reason": reason}
+
+
+@pytest.mark.parametrize("survivable", ["hang", "straggler", "freeze", "partition", "slow_link"])
+def test_a_crash_after_a_fault_the_group_should_live_through_still_counts(survivable):
+    """A hang, straggler, freeze or link fault pauses or slows a group, which then carries on as the same
+    process: a group that died of one is exactly the crash the soak is for, not one its fault explains.
+    A kill of the same attempt (ends a process: ``ends_process`` in the fault kinds table) does explain it."""
+    from workbench.experiments.soak import unexplained_crashes
+
+    events = [
+        {"kind": "submit", "t": 0.0, "replica": 0, "attempt": 0},
+        {"kind": "submit", "t": 0.0, "replica": 1, "attempt": 0},
+        {"kind": "fault", "t": 5.0, "action": survivable, "target": 1, "attempt": 0, "seconds": 2.0},
+        {"kind": "fault", "t": 7.0, "action": "resume", "resumed": survivable, "target": 1},
+        _ended(1, 0, 9.0),
+        {"kind": "restart", "t": 9.5, "replica": 1, "attempt": 1},
+        {"kind": "fault", "t": 12.0, "action": "kill", "target": 0, "attempt": 0},
+        _ended(0, 0, 12.1),
+    ]
+    assert [(e["replica"], e["attempt"]) for e in unexplained_crashes(events)] == [(1, 0)]
+
+
+def test_every_kind_that_ends_a_process_explains_the_crash_of_the_attempt_it_hit():
+    from workbench.experiments.soak import unexplained_crashes
+    from workbench.faults import kinds
+
+    ending = [k.name for k in kinds.KINDS.values() if k.ends_process]
+    assert {"kill", "abort", "preempt", "node_down"} <= set(ending)
+    for action in ending:
+        events = [
+            {"kind": "submit", "t": 0.0, "replica": 0, "attempt": 0},
+            {"kind": "fault", "t": 3.0, "action": action, "target": 0},  # no attempt recorded: by time
+            _ended(0, 0, 3.2),
+        ]
+        assert unexplained_crashes(events) == [], action

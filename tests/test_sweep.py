@@ -266,5 +266,8 @@ def test_ablation_notebook_runs_headless(run_root):
     hit = table[table["participants_at_fault"] == 2]
     assert len(hit) >= 2, table
     assert hit["survivor_stall_s"].is_monotonic_increasing, hit
+    # At least about the timeout, and growing with it (above); not held by something longer (a loaded machine
+    # adds a second or two, not a collective's timeout). How far past the timeout (about 1 s on an idle machine)
+    # is ``survivor_stall_s`` of ``make bench``'s kill recovery.
     for hb, stall in zip(hit[HB], hit["survivor_stall_s"]):
-        assert 0.5 * hb / 1000 < stall < hb / 1000 + 2.0, (hb, stall)
+        assert 0.5 * hb / 1000 < stall < hb / 1000 + 5.0, (hb, stall)

@@ -23,6 +23,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parent.parent
 
+# A skip of the whole module where they are missing; under CI=true a failure (tests/conftest.py's
+# ``pytest_make_collect_report``, tested by tests/test_ci_no_skip.py).
 torch = pytest.importorskip("torch")
 pytest.importorskip("torchtitan")
 from workbench.trainers.titan import cpu_patches as titan_cpu  # noqa: E402

@@ -10,7 +10,8 @@ Invariants, each computed from events only:
 
 - the run completed its target step;
 - no survivor crashed: every attempt that ended without completing was itself
-  the target of an injected fault (``unexplained_crashes``);
+  the target of an injected fault that ends a process (``unexplained_crashes``;
+  a hang, freeze or straggler is one the group must live through);
 - every committed step of every replica attempt is recorded exactly once, and
   within an attempt committed steps only go up;
 - the replicas' weights are identical at the end;
@@ -45,22 +46,25 @@ from workbench.spec.schedule import materialize
 
 
 def unexplained_crashes(events: list[dict]) -> list[dict]:
-    """``job`` events of attempts that ended unclean with no fault aimed at that very attempt.
+    """``job`` events of attempts that ended unclean with no process-ending fault aimed at that very attempt.
 
     An attempt of group r lives from its ``submit`` (or a spare's takeover ``restart``) to the
-    ``job`` event that ends it. A fault explains the end if it targeted r while that attempt
-    was r's current one: the fault's ``attempt`` where the backend recorded it, else its time
-    inside the attempt's life. A group whose *earlier* attempt was killed is no alibi for a
-    later crash. An attempt the controller stopped itself (``reason: stopped``) did not crash.
+    ``job`` event that ends it. A fault explains the end if it is of a kind that ends a process
+    (``ends_process`` in ``workbench.faults.kinds``: a kill, an abort, a preemption, a node down,
+    the watchdog's kill) and targeted r while that attempt was r's current one: the fault's
+    ``attempt`` where the backend recorded it, else its time inside the attempt's life. A fault
+    the group is meant to survive (a hang, a freeze, a straggler, a partition: it pauses or
+    impairs the process and the process carries on) is no alibi: a group that died of one is a
+    crash the soak exists to find. Nor is a group whose *earlier* attempt was killed. An attempt
+    the controller stopped itself (``reason: stopped``) did not crash.
     """
     born: dict[tuple, float] = {}
     for e in events:
         if e["kind"] in ("submit", "restart") and isinstance(e.get("replica"), int):
             born.setdefault((e["replica"], e.get("attempt", 0)), e["t"])
+    ending = faultkinds.ending_kinds()
     faults = [
-        e
-        for e in events
-        if e["kind"] == "fault" and e.get("action") != faultkinds.RESUME and isinstance(e.get("target"), int)
+        e for e in events if e["kind"] == "fault" and e.get("action") in ending and isinstance(e.get("target"), int)
     ]
     out = []
     for job in events:
