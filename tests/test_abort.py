@@ -28,7 +28,11 @@ def test_abort_is_a_fault_kind_everywhere_and_a_run_recovers_from_it(start_run, 
         },
     )
     assert "abort" in Dashboard(run, start=False).action_picker.options
-    run.wait_for(lambda r: any(e["kind"] == "heal" and e.get("replica") == 1 for e in r.events_read), timeout=240)
+    # The scheduled abort's group is back: its next attempt healed (not a late group's start-up heal of attempt 0).
+    run.wait_for(
+        lambda r: any(e["kind"] == "heal" and e.get("replica") == 1 and e.get("attempt") == 1 for e in r.events_read),
+        timeout=240,
+    )
     cli = workbench_cli("kill", str(run.run_dir), "--replica", "2", "--how", "abort")
     assert cli.returncode == 0, cli.stderr
     assert json.loads(cli.stdout)["action"] == "abort"
