@@ -280,7 +280,10 @@ def comm_hook(ddp_class: type) -> Callable:
 
 
 def ddp_with_comm_hook(base: type, hook: Callable, name: str) -> type:
-    """A subclass of torchft's ``DistributedDataParallel`` ``base`` whose gradient hook is ``hook(manager, bucket)``.
+    """A subclass of torchft's ``DistributedDataParallel`` ``base`` whose gradient hook is ``hook(state, bucket)``.
+
+    The parameters must be named so: torch's ``register_comm_hook`` looks them up by name
+    (``KeyError: 'bucket'`` for a ``*args`` wrapper).
 
     ``DistributedDataParallel.__init__`` registers ``self._comm_hook`` with
     ``register_comm_hook``, and torch's DDP takes a comm hook only once, so

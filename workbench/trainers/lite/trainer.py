@@ -365,9 +365,12 @@ def _install_timing(manager, inner_opt):
 
 
 def _timed_ddp(base, phases):
-    return torchft_compat.ddp_with_comm_hook(
-        base, phases.timed("allreduce", torchft_compat.comm_hook(base)), "TimedDDP"
-    )
+    timed = phases.timed("allreduce", torchft_compat.comm_hook(base))
+
+    def comm_hook(state, bucket):  # torch's register_comm_hook checks for these parameter names
+        return timed(state, bucket)
+
+    return torchft_compat.ddp_with_comm_hook(base, comm_hook, "TimedDDP")
 
 
 def _finish(writer, manager, model, reason: str, step: int, loop_t0: float, iterations: int) -> None:
