@@ -93,8 +93,8 @@ def test_the_check_fails_on_a_stale_document(tmp_path, capsys):
 
 def test_the_fold_s_replica_states_are_the_enum():
     from workbench.faults import kinds as faultkinds
-    from workbench.state.fold import TERMINAL
     from workbench.state.replica import REPLICA_STATES
+    from workbench.state.run_status import TERMINAL
 
     assert REPLICA_STATES == tuple(sorted(ReplicaState, key=REPLICA_STATES.index))
     assert set(REPLICA_STATES) == set(ReplicaState)
@@ -121,7 +121,7 @@ def test_an_exit_reason_gives_the_group_its_state(reason):
 
 
 def test_the_run_states_are_the_fold_s():
-    from workbench.state.fold import run_state
+    from workbench.state.run_status import run_state
 
     assert run_state(None, False, False) == RunStatus.PENDING
     assert run_state(None, True, False) == RunStatus.STARTING

@@ -33,7 +33,7 @@ from workbench.analysis.metrics import max_committed_step, metrics_frame
 from workbench.analysis.recovery import ends_process, recovery_timeline
 from workbench.analysis.useful import decided
 from workbench.faults import kinds as faultkinds
-from workbench.state.fold import run_state_of
+from workbench.state.run_status import run_state_of
 
 
 def counts(events: Sequence[dict]) -> dict:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from enum import StrEnum
 
-from workbench.events import states
+from workbench.events import end_fields, states
 from workbench.events.fields import Field, optional, required
 from workbench.events.layout import ANY_WRITER, Writer
 
@@ -221,20 +221,7 @@ class Kind(StrEnum):
         optional("held", "with `state=started`: it found its arm file and holds the save for an armed fault"),
         optional("late", "MaxText: a durable save its attempt was killed before recording, recorded by the next"),
     )
-    EXIT = (
-        "exit",
-        (Writer.REPLICA, Writer.SPARE),
-        "the process ends",
-        required("reason", "why", states.ExitReason),
-        required("step", "its last step (`null`: it never stepped)"),
-        optional("weights", "checksum of the final weights"),
-        optional("error", "what failed"),
-        optional("saved_step", "MaxText: its last saved step"),
-        optional("returncode", "MaxText: its training process's"),
-        optional("loop_seconds", "torchft-lite: the training loop's length"),
-        optional("iterations", "torchft-lite: iterations of the loop"),
-        optional("titan_step", "TorchTitan's own step counter"),
-    )
+    EXIT = ("exit", (Writer.REPLICA, Writer.SPARE), "the process ends", *end_fields.EXIT)
     SUBMIT = (
         "submit",
         (Writer.CONTROLLER, Writer.SWEEP),
@@ -248,17 +235,7 @@ class Kind(StrEnum):
         optional("run_dir", "the sweep controller: its directory (the only link from a point to its run)"),
         optional("params", "the sweep controller: the point's parameters"),
     )
-    JOB = (
-        "job",
-        (Writer.CONTROLLER,),
-        "the controller saw a replica's job end",
-        required("replica", "the group"),
-        required("attempt", "its attempt"),
-        required("job_id", "the scheduler's job id"),
-        required("state", "what it saw", states.JobState),
-        required("clean", "whether the job's own `exit` said completed"),
-        required("reason", "the `exit`'s reason, or `died` without one"),
-    )
+    JOB = ("job", (Writer.CONTROLLER,), "the controller saw a replica's job end", *end_fields.JOB)
     RESTART = (
         "restart",
         (Writer.CONTROLLER,),
@@ -394,4 +371,16 @@ class Kind(StrEnum):
         optional("replica", "the controller's: the group it is about"),
         optional("failed_rank", "ddp-restart's launcher: the rank that failed"),
         optional("exitcode", "ddp-restart's launcher: its exit code"),
+    )
+    STACKS = (
+        "stacks",
+        (Writer.CONTROLLER, Writer.CONTROL),
+        "the stacks of a group's processes (or the controller's), sampled with py-spy",
+        *end_fields.STACKS,
+    )
+    STATE_LOST = (
+        "state_lost",
+        (Writer.CONTROLLER,),
+        "every replica group ended with no live peer to heal from: the model state in memory is gone",
+        *end_fields.STATE_LOST,
     )

@@ -54,7 +54,7 @@ from workbench.faults import kinds as faultkinds
 from workbench.run.rundir import write_json_text
 from workbench.spec.load import load_spec
 from workbench.spec.models import Spec
-from workbench.state.fold import run_state_of
+from workbench.state.run_status import run_state_of
 from workbench.trainers.registry import trainer_kind, trainer_names
 
 MATRIX_JSON = "matrix.json"

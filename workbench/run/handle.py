@@ -36,7 +36,8 @@ from workbench.spec import schedule
 from workbench.spec.load import load_spec
 from workbench.spec.models import Spec
 from workbench.spec.preflight import preflight
-from workbench.state.fold import TERMINAL, RunState
+from workbench.state.fold import RunState
+from workbench.state.run_status import TERMINAL
 from workbench.trainers import trainer_kind
 
 KILL_ALIASES = {"sigkill": "kill"}

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Optional
 
 from workbench.events.states import RunEndReason
-from workbench.state.fold import no_write_since
+from workbench.state.run_status import no_write_since
 
 NAME = "run_end.unwritten"
 MAX_TARGET = 59  # the longest symlink target ext4 keeps in the inode ("fast symlink"); a longer one needs a block

@@ -16,8 +16,7 @@ Each group's states, and the events that move it between them: :mod:`workbench.s
 from __future__ import annotations
 
 import math
-import time
-from typing import Callable, Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional
 
 from workbench.cluster.procs import Proc
 from workbench.events.states import RunEndReason
@@ -26,8 +25,8 @@ from workbench.state.checkpoints import CheckpointLedger
 from workbench.state.event_fields import int_or_zero, well_formed
 from workbench.state.nodes import NodeMap, hit_by
 from workbench.state.replica import ReplicaView
+from workbench.state.run_status import no_write_since, run_state
 
-TERMINAL = ("completed", "failed", "stopped")
 MAX_REPLICAS = 4096
 
 
@@ -372,29 +371,3 @@ class RunState:
 
 _HANDLERS = {name[4:]: fn for name, fn in vars(RunState).items() if name.startswith("_on_")}
 _CHECKS_INLINE = frozenset({"step", "heartbeat"})  # the hot kinds, whose handlers check each field they use
-
-
-def no_write_since(since: object, error: object) -> str:
-    """A run root's failure in words, from ``run_end``'s (or its trace's) ``since`` and ``error``."""
-    when = "an unrecorded time"
-    if isinstance(since, (int, float)) and math.isfinite(since):
-        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
-    return f"the run root took no write from {when} ({error or 'no error recorded'})"
-
-
-def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
-    if run_end is not None:
-        return run_end.get("state") or "failed"
-    if stepped:
-        return "running"
-    return "starting" if started else "pending"
-
-
-def run_state_of(events: Sequence[dict]) -> str:
-    """The run's state from a list of events, as the fold would say it."""
-    ends = [e for e in events if e.get("kind") == "run_end"]
-    return run_state(
-        ends[-1] if ends else None,
-        any(e.get("kind") == "start" for e in events),
-        any(e.get("kind") == "step" for e in events),
-    )

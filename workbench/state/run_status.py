@@ -1,0 +1,39 @@
+"""A run's state in one word, and its end in words, from the ``run_end`` event and whether anything started or stepped.
+
+The fold (:mod:`workbench.state.fold`) answers with these; so do readers that hold a list of events
+and no fold (the matrix, the summary, a controller's unwritten end).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from typing import Optional, Sequence
+
+TERMINAL = ("completed", "failed", "stopped")
+
+
+def no_write_since(since: object, error: object) -> str:
+    """A run root's failure in words, from ``run_end``'s (or its trace's) ``since`` and ``error``."""
+    when = "an unrecorded time"
+    if isinstance(since, (int, float)) and math.isfinite(since):
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(since))
+    return f"the run root took no write from {when} ({error or 'no error recorded'})"
+
+
+def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
+    if run_end is not None:
+        return run_end.get("state") or "failed"
+    if stepped:
+        return "running"
+    return "starting" if started else "pending"
+
+
+def run_state_of(events: Sequence[dict]) -> str:
+    """The run's state from a list of events, as the fold would say it."""
+    ends = [e for e in events if e.get("kind") == "run_end"]
+    return run_state(
+        ends[-1] if ends else None,
+        any(e.get("kind") == "start" for e in events),
+        any(e.get("kind") == "step" for e in events),
+    )
