@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from workbench.events.writer import EventWriter
+from workbench.trainers.exits import error_exit, told
 from workbench.trainers.placement import node_address
 from workbench.trainers.registry import trainer_kind
 
@@ -76,6 +77,17 @@ def load(name: str) -> Callable[[JobContext], None]:
 
 
 def job_entrypoint(ctx: JobContext) -> None:
-    """The function submitit pickles: set the environment, then run the trainer."""
+    """The function submitit pickles: set the environment, then run the trainer.
+
+    An exception that escapes the trainer with no ``exit`` written for it (:mod:`.exits`) is written
+    here, as ``exit`` with ``reason="error"`` and ``exception``, then re-raised: the job still fails.
+    """
     os.environ.update({k: str(v) for k, v in ctx.env.items()})
-    load(ctx.spec["trainer"])(ctx)
+    try:
+        load(ctx.spec["trainer"])(ctx)
+    except Exception as exc:
+        if not told(exc):
+            writer = ctx.writer()
+            error_exit(writer, exc, step=None)
+            writer.close()
+        raise

@@ -53,6 +53,7 @@ from workbench.events.writer import EventWriter
 from workbench.faults.arm_file import hold_while_armed, is_armed
 from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
+from workbench.trainers.exits import error_exit, mark_told, process_end
 from workbench.trainers.kit import (
     CheckpointLayout,
     Heartbeat,
@@ -64,6 +65,7 @@ from workbench.trainers.kit import (
 )
 from workbench.trainers.lite.model import build_model, make_batch, warm_up_adamw
 from workbench.trainers.placement import placement
+from workbench.trainers.raise_hook import maybe_raise
 
 CHECKPOINTS = CheckpointLayout(
     committed=re.compile(r"^step-(\d+)\.pt$"), in_progress=re.compile(r"^\.step-\d+\.pt\.tmp$")
@@ -119,11 +121,13 @@ def run(ctx: JobContext) -> None:
     for p in workers:
         p.start()
     first_failure: Optional[tuple[int, int]] = None
+    ends: list[dict] = []
     pending = {p.sentinel: (rank, p) for rank, p in enumerate(workers)}
     while pending:
         for sentinel in wait(list(pending)):
             rank, p = pending.pop(sentinel)
             p.join()
+            ends.append(process_end(rank, p.exitcode))
             if p.exitcode != EXIT_COMPLETED and first_failure is None:
                 first_failure = (rank, p.exitcode)
                 for _, other in pending.values():
@@ -133,9 +137,9 @@ def run(ctx: JobContext) -> None:
         how = f"signal {signal.Signals(-code).name}" if code < 0 else f"exit code {code}"
         message = f"worker {rank} ended with {how}; the other {world - 1} were killed (attempt {ctx.attempt})"
         writer = EventWriter(ctx.run_dir, f"launcher.attempt-{ctx.attempt}", run=ctx.run_id, attempt=ctx.attempt)
-        writer.emit("warning", message=message, failed_rank=rank, exitcode=code)
+        writer.emit("warning", message=message, failed_rank=rank, exitcode=code, processes=ends, first_failed=rank)
         writer.close()
-        raise RuntimeError(message)
+        raise mark_told(RuntimeError(message))  # each worker writes its own exit; the launcher none
 
 
 def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: int) -> None:
@@ -201,7 +205,7 @@ def _worker(ctx: JobContext, rank: int, world: int, port_queue, launcher_pid: in
 
         reason = _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop)
     except Exception as e:
-        writer.emit("exit", reason="error", step=progress["step"], error=f"{type(e).__name__}: {e}")
+        error_exit(writer, e, step=progress["step"])
         writer.close()
         os._exit(EXIT_ERROR)
     writer.close()
@@ -230,6 +234,7 @@ def _train(ctx, rank, world, writer, ddp, model, optimizer, progress, stop) -> s
             if stop.reason:
                 reason = stop.reason
                 break
+            maybe_raise(step, ctx.replica, ctx.attempt, rank=rank)
             t0 = time.perf_counter()
             optimizer.zero_grad(set_to_none=True)
             x, y = make_batch(spec["seed"], step, rank, m["batch_size"], m["seq_len"], m["vocab_size"])

@@ -106,6 +106,16 @@ def state_dict_keys(manager) -> list[str]:
     return list(manager._user_state_dicts)
 
 
+def state_dict_fn(manager, key: str) -> Callable:
+    """The state-dict function registered under ``key`` (``Manager._user_state_dicts``; no public getter)."""
+    return manager._user_state_dicts[key]
+
+
+def load_fn(manager, key: str) -> Callable:
+    """The load function registered under ``key`` (``Manager._load_state_dict_fns``; no public getter)."""
+    return manager._load_state_dict_fns[key]
+
+
 def replace_state_dict_fn(manager, key: str, load_state_dict: Callable, state_dict: Callable) -> None:
     """The pair registered under ``key`` becomes this one (``_user_state_dicts``, ``_load_state_dict_fns``).
 

@@ -78,6 +78,8 @@ from typing import Any, Optional
 from workbench.trainers.compat import torchft_compat
 from workbench.trainers.kit import StepPhases, weights_checksum
 from workbench.trainers.lite.model import make_batch
+from workbench.trainers.lite.snapshot import Snapshots
+from workbench.trainers.raise_hook import maybe_raise
 
 SYNC_PARTS = ("quorum", "prepare", "perform")
 """The blocking parts of a sync, in order; DiLoCo's ``seconds`` is their sum (``vote`` is inside ``perform``)."""
@@ -288,6 +290,7 @@ def train(
 
     ft, m = spec["ft"], spec["model"]
     algo = SemiSync(ft, manager, model, inner_opt, counter, log_handler, beat=beat)
+    Snapshots(ctx, writer, model, inner_opt, manager, step_of=lambda s: (s - 1) * algo.inner_per_sync)
     steps, tokens = spec["steps"], m["batch_size"] * m["seq_len"]
     per_sync = algo.inner_per_sync
     stall_s = spec["lighthouse"]["heartbeat_timeout_ms"] / 1000 if ft.get("catch_up") else None
@@ -305,6 +308,7 @@ def train(
     while train_step() < steps:
         if stop.reason:
             return stop.reason, iterations, train_step()
+        maybe_raise(train_step(), ctx.replica, ctx.attempt)
         t0 = time.perf_counter()
         iterations += 1
         before = train_step()

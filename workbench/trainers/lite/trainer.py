@@ -32,10 +32,12 @@ from datetime import timedelta
 from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
 from workbench.trainers.compat import torchft_compat
+from workbench.trainers.exits import error_exit
 from workbench.trainers.kit import Heartbeat, StepPhases, StopRequest, state_bytes, weights_checksum
-from workbench.trainers.lite import semi_sync
+from workbench.trainers.lite import semi_sync, snapshot
 from workbench.trainers.lite.model import build_model, init_adamw_state, make_batch, warm_up_adamw
 from workbench.trainers.placement import placement
+from workbench.trainers.raise_hook import maybe_raise
 from workbench.trainers.torchft import collective_failure, commit_vote, quorum_epochs
 from workbench.trainers.torchft.logs import TorchftLogHandler
 
@@ -193,7 +195,8 @@ def run(ctx: JobContext) -> None:
         ddp_class = (
             ddp_hook.lean_ddp(DistributedDataParallel, pg) if tf.get("lean_ddp_hook", True) else DistributedDataParallel
         )
-        ddp = (_timed_ddp(ddp_class, phases) if phases else ddp_class)(manager, model)
+        comm = phases or StepPhases()  # the allreduce's seconds, always: the straggler score's (analysis.straggler)
+        ddp = _timed_ddp(ddp_class, comm)(manager, model)
         optimizer = Optimizer(manager, inner_opt)
     writer.emit("phase", phase="manager_ready", seconds=time.time() - t_start)
 
@@ -206,12 +209,13 @@ def run(ctx: JobContext) -> None:
                 ctx, spec, writer, manager, model, inner_opt, allreduce_bytes, log_handler, stop, beat
             )
         except Exception as e:
-            writer.emit("exit", reason="error", step=manager.current_step(), error=f"{type(e).__name__}: {e}")
+            error_exit(writer, e, step=manager.current_step())
             raise
         finally:
             beat.stop()
         _finish(writer, manager, model, reason, step, loop_t0, iterations)
         return
+    snapshot.Snapshots(ctx, writer, model, inner_opt, manager)  # loads the newest; saves from AdamW's step hook
     steps = spec["steps"]
     checksum_every = max(1, int(spec.get("checksum_every", 10)))
     tokens = m["batch_size"] * m["seq_len"]
@@ -223,6 +227,7 @@ def run(ctx: JobContext) -> None:
             if stop.reason:
                 reason = stop.reason
                 break
+            maybe_raise(manager.current_step(), ctx.replica, ctx.attempt)
             t0 = time.perf_counter()
             iterations += 1
             optimizer.zero_grad()
@@ -274,6 +279,8 @@ def run(ctx: JobContext) -> None:
                 )
                 if step % checksum_every == 0 or step >= steps:
                     fields["weights"] = weights_checksum(model.state_dict())
+                if not phases:
+                    fields["comm_s"] = comm.take().get("t_allreduce_s", 0.0)
                 if phases:
                     t_emit = time.perf_counter()
                     phases.add("workbench", t_emit - t_wb)  # + the previous step's emit
@@ -282,7 +289,7 @@ def run(ctx: JobContext) -> None:
                 if phases:
                     phases.add("workbench", time.perf_counter() - t_emit)
     except Exception as e:  # recorded, then re-raised so the job is seen to fail
-        writer.emit("exit", reason="error", step=manager.current_step(), error=f"{type(e).__name__}: {e}")
+        error_exit(writer, e, step=manager.current_step())
         raise
     finally:
         beat.stop()

@@ -254,6 +254,9 @@ def build_command(ctx: JobContext, layout: Optional[JobLayout] = None) -> tuple[
     env = dict(os.environ)
     env.update(
         WORKBENCH_WRAPPER_PID=str(os.getpid()),
+        WORKBENCH_REPLICA=str(ctx.replica),
+        WORKBENCH_ATTEMPT=str(ctx.attempt),
+        WORKBENCH_RANK=str(layout.rank),
         WORKBENCH_MAXTEXT_MODULE=TRAIN_MODULE,
         WORKBENCH_LOCAL_COORDINATOR="1" if overrides.get("skip_jax_distributed_system") == "true" else "0",
         PYTHONUNBUFFERED="1",

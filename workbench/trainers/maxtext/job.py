@@ -70,7 +70,9 @@ import time
 from typing import Any, Optional
 
 from workbench.events.reader import read_all
+from workbench.events.tracebacks import last_traceback, one_line
 from workbench.trainers.base import JobContext
+from workbench.trainers.exits import error_exit, mark_told, process_end
 from workbench.trainers.kit import on_stop_signals
 from workbench.trainers.maxtext.command import build_command, checkpoint_dir, console_log, job_layout, metrics_file
 from workbench.trainers.maxtext.output import (
@@ -134,9 +136,21 @@ def record_late_saves(writer, run_dir, ckpt_dir) -> list[int]:
 
 
 def run(ctx: JobContext) -> None:
-    """Run MaxText to ``steps`` (resuming from the last durable checkpoint) and report it."""
+    """Run MaxText to ``steps`` (resuming from the last durable checkpoint) and report it.
+
+    Rank 0 writes the ``exit``; an exception of the wrapper itself is told there too, and on the other ranks
+    nowhere (:class:`_Silent`: one ``exit`` per attempt)."""
     layout = job_layout()
     writer = ctx.writer() if layout.rank == 0 else _Silent()
+    try:
+        _run(ctx, layout, writer)
+    except Exception as e:
+        error_exit(writer, e, step=None)
+        writer.close()
+        raise
+
+
+def _run(ctx: JobContext, layout, writer) -> None:
     t0 = time.time()
     steps = int(ctx.spec["steps"])
     heartbeat_s = float(ctx.spec.get("heartbeat_s", 1.0))
@@ -144,7 +158,7 @@ def run(ctx: JobContext) -> None:
         argv, env = build_command(ctx, layout)
     except (ValueError, FileNotFoundError, RuntimeError) as e:
         writer.emit("start", trainer="maxtext", world_size=layout.processes, role="replica")
-        writer.emit("exit", reason="error", step=None, error=str(e))
+        error_exit(writer, e, step=None)
         writer.close()
         raise
     ckpt_dir = checkpoint_dir(ctx.run_dir, ctx.run_id)
@@ -233,6 +247,7 @@ def run(ctx: JobContext) -> None:
                 last_beat = time.time()
             time.sleep(POLL_S)
         rc = child.wait()
+        ended = process_end(layout.rank, rc)
         console.thread.join(timeout=30)
         drain()
     except KeyboardInterrupt:  # submitit's cancel: SIGINT, then SIGKILL a second later
@@ -256,6 +271,8 @@ def run(ctx: JobContext) -> None:
         returncode=rc,
         compile_cache_hits=console.cache_hits,
         compile_cache_misses=console.cache_misses,
+        processes=[ended],
+        **({"first_failed": layout.rank} if rc != 0 else {}),
     )
     if rc == 0 and reached >= steps:
         writer.emit("exit", reason="completed", **fields)
@@ -268,9 +285,22 @@ def run(ctx: JobContext) -> None:
         reason, error = "stopped", f"stopped by {signal.Signals(stop.signum).name}; MaxText exited {rc}"
     else:
         reason, error = "error", console.error_line() or f"MaxText exited {rc}"
+        exception = last_traceback(tail_text(console_log(ctx))) if rc != 0 else None
+        if exception is not None:  # MaxText's own uncaught exception, as its traceback in the console shows it
+            error, fields["exception"] = one_line(exception), {**exception, "rank": layout.rank}
     writer.emit("exit", reason=reason, error=error, **fields)
     writer.close()
-    raise MaxTextIncomplete(f"maxtext {reason} at step {reached} of {steps} (exit code {rc}): {error or ''}")
+    raise mark_told(MaxTextIncomplete(f"maxtext {reason} at step {reached} of {steps} (exit code {rc}): {error or ''}"))
+
+
+def tail_text(path, max_bytes: int = 1 << 20) -> str:
+    """The last ``max_bytes`` of a text file ('' if it cannot be read)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, 2) - max_bytes))
+            return f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
 
 
 class _StopForwarder:

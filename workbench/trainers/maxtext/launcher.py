@@ -2,7 +2,8 @@
 
 It runs in .venv-maxtext, which cannot import workbench (hence its own PR_SET_PDEATHSIG, not kit.die_with_parent):
 tie the child's life to the wrapper, leave SIGUSR2 to it, report compile-cache hits/misses, give JAX's
-preemption service a coordinator, then run MaxText's trainer. That coordinator serves this one process:
+preemption service a coordinator, install the workbench's test hook when asked (WORKBENCH_TEST_RAISE_AT_STEP), then
+run MaxText's trainer. That coordinator serves this one process:
 it listens on 127.0.0.1 (JAX's default bind address is [::], every interface). In a job of several
 processes, JAX's gloo listens on the address gethostname() resolves to (127.0.0.1 here; on the dev cluster's
 namespaced nodes their own address, but only through the hosts file slurmd's mount namespace shows, and on a
@@ -66,4 +67,32 @@ if os.environ.get("WORKBENCH_LOCAL_COORDINATOR") == "1":
         process_id=0,
         coordinator_bind_address=f"127.0.0.1:{port}",
     )
+
+
+def _raise_at_step(name, *args, **kwargs):
+    """The workbench's test hook (``workbench/trainers/raise_hook.py``, which this process cannot import): MaxText
+    opens ``jax.profiler.StepTraceAnnotation("train", step_num=step)`` for each step; at step N (N steps done),
+    on the hook's attempt, replica and rank, raise instead."""
+    step, env = kwargs.get("step_num"), os.environ
+    rank, replica, attempt = (
+        int(env.get(k, "0")) for k in ("WORKBENCH_RANK", "WORKBENCH_REPLICA", "WORKBENCH_ATTEMPT")
+    )
+    if (
+        name == "train"
+        and step == int(env["WORKBENCH_TEST_RAISE_AT_STEP"])
+        and attempt == int(env.get("WORKBENCH_TEST_RAISE_ATTEMPT") or 0)
+        and all(
+            not env.get(var) or int(env[var]) == value
+            for var, value in (("WORKBENCH_TEST_RAISE_REPLICA", replica), ("WORKBENCH_TEST_RAISE_RANK", rank))
+        )
+    ):
+        raise RuntimeError(
+            f"workbench test hook: raised at step {step} (replica {replica}, rank {rank}, attempt {attempt})"
+        )
+    return _step_annotation(name, *args, **kwargs)
+
+
+if os.environ.get("WORKBENCH_TEST_RAISE_AT_STEP"):
+    _step_annotation = jax.profiler.StepTraceAnnotation
+    jax.profiler.StepTraceAnnotation = _raise_at_step
 runpy.run_module(os.environ["WORKBENCH_MAXTEXT_MODULE"], run_name="__main__", alter_sys=True)

@@ -68,6 +68,7 @@ from workbench.run.rundir import dir_bytes
 from workbench.trainers.compat import torchft_compat, torchtitan_compat
 from workbench.trainers.kit import Heartbeat, state_bytes, weights_checksum
 from workbench.trainers.loopback import heal_fields
+from workbench.trainers.raise_hook import maybe_raise
 from workbench.trainers.titan.rank_state import RankLocalState, local_model_state
 from workbench.trainers.torchft.group_stop import GroupStop
 from workbench.trainers.torchft.logs import TorchftLogHandler
@@ -128,6 +129,7 @@ class TitanEvents:
         self._heartbeat: Optional[Heartbeat] = None
         self._log: Optional[TorchftLogHandler] = None
         self._local_state: Optional[RankLocalState] = None
+        self._restored: Optional[dict] = None
 
     def emit(self, kind: str, **fields: Any) -> None:
         if self.writer is not None:
@@ -146,13 +148,14 @@ class TitanEvents:
             FaultTolerantTrainer.forward_backward_step,
             FaultTolerantTrainer.should_continue_training,
         )
-        log_metrics, save = MetricsProcessor.log, TorchFTCheckpointManager.save
+        log_metrics, save, load = MetricsProcessor.log, TorchFTCheckpointManager.save, TorchFTCheckpointManager.load
 
         def __init__(trainer, config):
             init(trainer, config)
             hooks._attach(trainer)
 
         def train_step_hook(trainer, data_iterator):
+            hooks._raise_hook()
             hooks._step_state = {"t0": time.perf_counter(), "guarded": False}
             train_step(trainer, data_iterator)
             hooks._after_step()
@@ -192,7 +195,14 @@ class TitanEvents:
                 )
             return saved
 
+        def load_hook(checkpointer, step=-1):
+            loaded = load(checkpointer, step)
+            if loaded:
+                hooks._resumed(checkpointer)
+            return loaded
+
         FaultTolerantTrainer.__init__ = __init__
+        TorchFTCheckpointManager.load = load_hook
         FaultTolerantTrainer.train_step = train_step_hook
         FaultTolerantTrainer.forward_backward_step = forward_backward_step
         FaultTolerantTrainer.should_continue_training = should_continue_training
@@ -257,6 +267,26 @@ class TitanEvents:
             "phase", phase="manager_ready", seconds=time.time() - self.t_start, checkpoint_address=transport.metadata()
         )
 
+    def _raise_hook(self) -> None:
+        """The test hook (:mod:`workbench.trainers.raise_hook`), before the step after ``current_step()``."""
+        env = os.environ
+        maybe_raise(
+            self.manager.current_step(),
+            int(env.get("WORKBENCH_REPLICA", "0")),
+            int(env.get("WORKBENCH_ATTEMPT", "0")),
+            rank=int(env.get("RANK", "0")),
+        )
+
+    def _resumed(self, checkpointer) -> None:
+        """torchtitan loaded its newest checkpoint as the group started. Under per-step fault tolerance the
+        Manager counts the same committed steps: it starts at that step, so that with no live peer ahead (every
+        group died, ``controller/total_loss.py``) the run goes on from it; a peer ahead heals it as before."""
+        trainer, manager = self.trainer, self.manager
+        if trainer.config.fault_tolerance.semi_sync_method is None and trainer.step > manager.current_step():
+            manager.load_state_dict({"step": trainer.step, "batches_committed": manager.batches_committed()})
+        path = torchtitan_compat.checkpoint_path(checkpointer, trainer.step)
+        self._restored = {"from_step": trainer.step, "path": path}
+
     def _quorum_then_heal(self) -> None:
         manager = self.manager
         manager.wait_quorum()
@@ -299,6 +329,10 @@ class TitanEvents:
             self._heartbeat.step = step
         if s.get("committed") and step % self.checksum_every == 0:
             s["weights"] = self._weights()
+        if s.get("committed") and self._restored is not None:  # no heal replaced the checkpoint: it was resumed
+            if not s.get("healed"):
+                self.emit("phase", phase="restored", **self._restored)
+            self._restored = None
         self.emit(
             "step",
             step=step,
@@ -350,8 +384,8 @@ class TitanEvents:
             self.writer.close()
 
 
-def leave() -> None:
-    """End this rank now, with exit code 0: torchft's manager threads would hold the interpreter open."""
+def leave(code: int = 0) -> None:
+    """End this rank now, with ``code``: torchft's manager threads would hold the interpreter open."""
     sys.stdout.flush()
     sys.stderr.flush()
-    os._exit(0)
+    os._exit(code)

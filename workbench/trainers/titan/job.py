@@ -6,8 +6,12 @@ config into torchtitan flags, and starts ``nproc_per_replica`` rank processes
 of :mod:`.rank`, like ``torchrun`` does: the job process hosts the
 group's TCPStore (``TORCHELASTIC_USE_AGENT_STORE``) and every rank dies with
 the job (``PR_SET_PDEATHSIG``), so killing the job's PID kills the replica
-group. It writes ``start`` and, if the ranks fail, ``exit`` with
-``reason="error"`` to the replica's file; rank 0 of the group writes every
+group. It writes ``start`` and, if a rank fails, ``exit`` with
+``reason="error"`` to the replica's file: how each rank ended, in order
+(``processes``), the first that failed (``first_failed``) and the exception
+its traceback shows (``exception``, with its ``rank``), read back from the
+rank's stderr, which the job copies to its own stderr and to
+``<run_dir>/titan/<writer>.rank-<k>.stderr`` (:mod:`.process_group`); rank 0 of the group writes every
 other event of the replica to a file of its own,
 ``replica-<r>.attempt-<a>.rank-0.jsonl`` (one writer per file; see
 :mod:`.rank`).
@@ -61,12 +65,15 @@ import tomllib
 from pathlib import Path
 from typing import Any, Optional
 
+from workbench.events.tracebacks import one_line
 from workbench.events.writer import EventWriter
 from workbench.paths import CHECKOUT, CONFIG_DIR
 from workbench.trainers import loopback
 from workbench.trainers.base import JobContext
+from workbench.trainers.exits import error_exit, mark_told
 from workbench.trainers.kit import die_with_parent, hold_stop_signals, on_stop_signals, signal_pid
 from workbench.trainers.placement import placement
+from workbench.trainers.process_group import ProcessGroup
 from workbench.trainers.titan.assets import ensure_assets
 
 RANK_MODULE = "workbench.trainers.titan.rank"
@@ -210,13 +217,17 @@ def run(ctx: JobContext) -> None:
         address=host,
         **placement(),
     )
-    ranks: list[subprocess.Popen] = []
-    stop = _StopForwarder(ranks)
+    ranks = ProcessGroup()
+    stop = _StopForwarder(ranks.popens)
     restore = on_stop_signals(stop.handle)
     try:
         _run_ranks(ctx, nproc, writer, ranks, stop, host, task, ntasks)
+    except Exception as e:
+        error_exit(writer, e, step=None)
+        raise
     finally:
         restore()
+        ranks.close()
         writer.close()
 
 
@@ -243,21 +254,16 @@ def _rendezvous(ctx: JobContext, host: str, task: int, timeout_s: float = 120.0)
     return None, found["addr"], int(found["port"])
 
 
+def rank_stderr(ctx: JobContext, rank: int) -> Path:
+    """A rank's stderr, as the job copies it (it also goes to the job's own stderr)."""
+    return Path(ctx.run_dir) / "titan" / f"{ctx.writer_name}.rank-{rank}.stderr"
+
+
 def _run_ranks(
-    ctx: JobContext,
-    nproc: int,
-    writer,
-    ranks: list[subprocess.Popen],
-    stop: "_StopForwarder",
-    host: str,
-    task: int,
-    ntasks: int,
+    ctx: JobContext, nproc: int, writer, ranks: ProcessGroup, stop: "_StopForwarder", host: str, task: int, ntasks: int
 ) -> None:
-    try:
-        argv = job_flags(ctx, ensure_assets())
-    except Exception as e:
-        writer.emit("exit", reason="error", step=None, error=f"{type(e).__name__}: {e}")
-        raise
+    """Start this task's ranks and wait for them all; if one ends unclean, ``exit`` says how each ended."""
+    argv = job_flags(ctx, ensure_assets())
     if stop.signum is not None:
         writer.emit("exit", reason="preempted", step=None)
         return
@@ -266,21 +272,24 @@ def _run_ranks(
     env = rank_env(ctx, nproc, port, master=master, host=host, task=task, ntasks=ntasks)
     for local in range(nproc):
         rank = task * nproc + local
-        ranks.append(
-            subprocess.Popen(
-                [sys.executable, "-m", RANK_MODULE, *argv],
-                env={**env, "RANK": str(rank), "LOCAL_RANK": str(local), "ROLE_RANK": str(rank)},
-                stdin=subprocess.DEVNULL,
-                preexec_fn=functools.partial(_rank_preexec, os.getpid()),
-            )
+        ranks.start(
+            rank,
+            [sys.executable, "-m", RANK_MODULE, *argv],
+            stderr_path=rank_stderr(ctx, rank),
+            env={**env, "RANK": str(rank), "LOCAL_RANK": str(local), "ROLE_RANK": str(rank)},
+            stdin=subprocess.DEVNULL,
+            preexec_fn=functools.partial(_rank_preexec, os.getpid()),
         )
     if stop.signum is not None:
         stop.forward()  # it came while the ranks were being started
-    failed = _wait_all(ranks)
+    failed = ranks.wait()
     if failed is not None:
-        error = f"rank {task * nproc + failed[0]} exited with {failed[1]}"
-        writer.emit("exit", reason="error", step=None, error=error)
-        raise RuntimeError(f"titan replica {ctx.replica}: {error}")
+        fields = ranks.exit_fields()
+        end = next(p for p in fields["processes"] if p["rank"] == failed)
+        how = f"exited with {end['exit_code']}" if "exit_code" in end else f"was killed by {end['signal']}"
+        error = one_line(fields["exception"]) if "exception" in fields else f"rank {failed} {how}"
+        writer.emit("exit", reason="error", step=None, error=error, **fields)
+        raise mark_told(RuntimeError(f"titan replica {ctx.replica}: rank {failed} {how}"))
 
 
 def rank_env(
@@ -350,23 +359,3 @@ class _StopForwarder:
         for p in list(self.ranks):
             if p.returncode is None:
                 signal_pid(p.pid, self.signum)
-
-
-def _wait_all(ranks: list[subprocess.Popen]) -> Optional[tuple[int, int]]:
-    """Wait for every rank; on the first failure, kill the rest (by PID) and return it."""
-    while True:
-        codes = [p.poll() for p in ranks]
-        bad = next(((i, c) for i, c in enumerate(codes) if c not in (None, 0)), None)
-        if bad is not None:
-            for p in ranks:
-                if p.poll() is None:
-                    p.kill()
-            for p in ranks:
-                p.wait()
-            return bad
-        if all(c == 0 for c in codes):
-            return None
-        try:
-            ranks[codes.index(None)].wait(timeout=0.5)
-        except subprocess.TimeoutExpired:
-            pass

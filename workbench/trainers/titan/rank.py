@@ -27,6 +27,12 @@ The rank installs :mod:`.loopback` with ``WORKBENCH_BIND_HOST`` (127.0.0.1
 on a local run, the node's address on Slurm) before torchtitan builds torchft's
 Manager and process group, so their servers and stores listen there only.
 
+An exception
+------------
+A rank that raises prints its traceback to stderr and exits 1 at once; the
+job copies every rank's stderr and writes the first failed rank's exception in
+its ``exit`` (:mod:`.job`).
+
 Healing
 -------
 torchtitan's asynchronous quorum, and torchft's heal rank by rank, meet four
@@ -39,6 +45,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import traceback
 
 from workbench.events.writer import EventWriter
 from workbench.trainers import loopback
@@ -83,7 +90,13 @@ def rank_main(argv: list[str]) -> None:
     hooks.install()
     hooks.emit("phase", phase="imports_done", seconds=time.time() - t0)
     sys.argv = [train.__file__, *argv]
-    train.main()
+    try:
+        train.main()
+    except Exception:
+        # The traceback on stderr is what the job reads back into its ``exit`` (.process_group); then leave
+        # at once: torchft's threads would hold the interpreter open, and the peers wait in a collective.
+        traceback.print_exc()
+        leave(1)
     hooks.finish()
     leave()
 
