@@ -5,6 +5,9 @@ submitit ``Job``. On top of submitting, a backend owns what only it knows:
 
 - ``validate(spec)``: world-facing checks at submit (before anything starts);
 - ``submit`` / ``is_done`` / ``cancel``: one job per replica group attempt;
+- ``exit_status(job)``: how a job that is done ended (``workbench.cluster.exits``): the exit code or
+  the signal, the OOM killer's evidence, the scheduler's final state; bounded in time, since the
+  controller's loop waits for it;
 - ``lighthouse_host``: where the lighthouse binds and the jobs dial;
 - ``loopback_only``: whether every listener of a run must be on 127.0.0.1;
 - ``shares_this_machine``: whether runs compete for this machine (a sweep
@@ -34,6 +37,7 @@ from typing import Any, Callable, ClassVar, Optional
 
 import submitit
 
+from workbench.cluster.exits import ExitStatus
 from workbench.cluster.procs import Marker, Proc
 from workbench.errors import FaultError
 from workbench.faults import host as hostfaults
@@ -96,6 +100,16 @@ class Cluster(abc.ABC):
 
     def cancel(self, job: submitit.Job) -> None:
         job.cancel(check=False)
+
+    def exit_status(self, job: submitit.Job) -> ExitStatus:
+        """How ``job`` (done) ended, as far as the backend knows; an empty record where it knows nothing."""
+        return ExitStatus()
+
+    @classmethod
+    def kill_wait_s(cls, spec) -> Optional[float]:
+        """Seconds a job stopped by the scheduler (a cancel, a preemption, its time limit) has between the
+        stop signal and SIGKILL (Slurm's ``KillWait``); None where no SIGKILL follows (``spec.timeouts``)."""
+        return None
 
     @property
     def lighthouse_host(self) -> str:

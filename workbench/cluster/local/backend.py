@@ -5,9 +5,11 @@ one process that has imported torch, torchft and the trainer
 (:mod:`workbench.cluster.local.forkserver`; its submitit executor is
 :mod:`workbench.cluster.local.forkexecutor`): the same job
 folder, pickles and ``local`` job environment, without a new interpreter's imports.
-``WORKBENCH_FORK_SERVER=0`` uses submitit's ``LocalExecutor`` as before:
+``WORKBENCH_FORK_SERVER=0`` uses submitit's ``LocalExecutor`` as before (with its per-job
+controller's tasks' ends written down: :mod:`workbench.cluster.local.submitit_local`):
 
-submitit starts, per job, a small controller process (``submitit.local._local``)
+submitit starts, per job, a small controller process (submitit's ``Controller``, here as
+``python -m workbench.cluster.local.submitit_local`` instead of ``submitit.local._local``)
 that runs the task (``submitit.core._submit``) as its child; the task process
 is the trainer, and its identity (the ``start`` event's PID, start time and
 host) is what faults signal. ``job.done()`` is the controller process having
@@ -31,8 +33,10 @@ from typing import Optional
 
 import submitit
 
+from workbench.cluster import exits
 from workbench.cluster.base import Cluster
-from workbench.cluster.local.forkexecutor import ForkExecutor, ForkServer
+from workbench.cluster.local import submitit_local
+from workbench.cluster.local.forkexecutor import ForkExecutor, ForkJob, ForkServer
 from workbench.errors import FaultError
 from workbench.faults import undo
 from workbench.faults.kinds import FaultKind
@@ -72,10 +76,19 @@ class LocalCluster(Cluster):
     def _make_executor(self) -> submitit.Executor:
         if self.forks():
             return ForkExecutor(self.folder, self._started_fork_server(), marker=self.marker)
-        ex = submitit.LocalExecutor(folder=self.folder)
+        ex = submitit_local.StatusLocalExecutor(folder=self.folder)
         # LocalExecutor's default timeout is 2 minutes; a run's lifetime is the controller's business.
         ex.update_parameters(timeout_min=7 * 24 * 60, tasks_per_node=1)
         return ex
+
+    def exit_status(self, job: submitit.Job) -> exits.ExitStatus:
+        """The job's process's wait status as the process that reaped it wrote it (the fork server, or
+        submitit's local controller), with the OOM killer's evidence for a SIGKILL."""
+        if isinstance(job, ForkJob):
+            return job.exit_status()
+        if isinstance(job, submitit.LocalJob):
+            return submitit_local.exit_status(job)
+        return exits.ExitStatus()
 
     def inject(self, kind: FaultKind, view, seconds, origin: str, proc=None) -> dict:
         """``proc``: another process of the group than its recorded one (``workbench.faults.targets``)."""

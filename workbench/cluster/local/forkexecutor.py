@@ -24,8 +24,11 @@ from typing import IO, Optional
 
 from submitit.core import core, utils
 
+from workbench.cluster import exits
 from workbench.cluster.local import forkserver
 from workbench.cluster.procs import HOST, START_TOLERANCE_S, Marker, Proc, start_time
+
+STATUS_WAIT_S = 0.5  # for the server's status file of a child that has just ended (it reaps every 20 ms)
 
 
 class ForkServerError(RuntimeError):
@@ -157,6 +160,7 @@ class ForkJob(core.Job):
         self._pid_start = pid_start
         self._server = server
         self._marker = marker
+        self._memory_cgroup = self._own_memory_cgroup()
 
     def _running(self) -> bool:
         pid = int(self.job_id)
@@ -171,6 +175,28 @@ class ForkJob(core.Job):
 
     def done(self, force_check: bool = False) -> bool:  # noqa: ARG002
         return not self._running()
+
+    def exit_status(self, wait_s: float = STATUS_WAIT_S) -> exits.ExitStatus:
+        """How the child ended: the wait status the server wrote when it reaped it. The PID leaves
+        ``/proc`` (or turns zombie, which ``done`` already counts) up to one reap period (20 ms) before
+        the server writes it: wait up to ``wait_s``; an empty record without the server (it ended
+        with its controller, and init reaped the child)."""
+        status = exits.from_status_file(exits.status_path(self.paths.folder, str(self.job_id)), wait_s)
+        if status.signal == "SIGKILL" and status.oom is None and self._memory_cgroup is not None:
+            cgroup, before = self._memory_cgroup
+            after = exits.memory_cgroup_oom_kills(cgroup)
+            if after is not None and after > before:
+                status.oom = "memory_cgroup"
+        return status
+
+    def _own_memory_cgroup(self) -> Optional[tuple[Path, int]]:
+        """The child's memory cgroup and its ``oom_kill`` count now, where the child has one to itself (not
+        the controller's: a rise there could be any process's)."""
+        cgroup = exits.memory_cgroup(int(self.job_id))
+        if cgroup is None or cgroup == exits.memory_cgroup(os.getpid()):
+            return None
+        count = exits.memory_cgroup_oom_kills(cgroup)
+        return None if count is None else (cgroup, count)
 
     def get_info(self, mode: str = "force") -> dict:  # noqa: ARG002
         if self._running():

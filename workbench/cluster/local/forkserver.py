@@ -30,7 +30,10 @@ answers one JSON line on stdout:
 
 The server reaps its children (``waitpid(-1, WNOHANG)`` every 20 ms), so a job's end
 is its PID gone (or a zombie, or the PID reused: the start time differs) —
-``ForkJob.done`` reads ``/proc``. The child stays in the server's process
+``ForkJob.done`` reads ``/proc``. It writes each reaped child's wait status next to the
+child's logs (``workbench.cluster.exits.status_path``; it alone writes that file), which
+``ForkJob.exit_status`` reads: an uncaught exception in the child is exit code 1 (its
+traceback in the stderr log), a signal is the signal. The child stays in the server's process
 group and session (that of the controller), where a ``LocalExecutor`` task is too;
 faults signal it by PID after :mod:`workbench.cluster.procs` proves its identity.
 
@@ -72,6 +75,7 @@ from typing import BinaryIO, Optional
 import psutil
 from submitit.core import utils
 
+from workbench.cluster import exits
 from workbench.cluster.procs import start_time
 
 QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
@@ -159,7 +163,8 @@ def serve(trainer: str, model: Optional[dict] = None) -> None:
                 pid = os.fork()
                 if pid == 0:
                     _child(req["folder"], req["env"])
-                _answer(answers, {"pid": pid, "pid_start": start_time(pid)})
+                _CHILDREN[pid] = (req["folder"], start_time(pid))
+                _answer(answers, {"pid": pid, "pid_start": _CHILDREN[pid][1]})
             elif req["op"] == "cancel":
                 pid = int(req["pid"])
                 if pid in _CHILDREN:
@@ -201,6 +206,7 @@ def _child(folder: str, env: dict) -> None:
     except SystemExit as e:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:
+        traceback.print_exc()  # as a fresh interpreter prints it
         code = 130
     except BaseException:
         traceback.print_exc()
@@ -223,12 +229,11 @@ def _reseed() -> None:
         torch.seed()
 
 
-_CHILDREN: set[int] = set()  # forked and not yet reaped: the only PIDs a cancel may signal
+# Forked and not yet reaped (the only PIDs a cancel may signal): their job folder and start time.
+_CHILDREN: dict[int, tuple[str, Optional[float]]] = {}
 
 
 def _answer(stream: BinaryIO, obj: dict) -> None:
-    if "pid" in obj:
-        _CHILDREN.add(obj["pid"])
     stream.write(json.dumps(obj).encode() + b"\n")
     stream.flush()
 
@@ -236,12 +241,16 @@ def _answer(stream: BinaryIO, obj: dict) -> None:
 def _reap(cancels: dict[int, float]) -> None:
     while True:
         try:
-            pid, _ = os.waitpid(-1, os.WNOHANG)
+            pid, status = os.waitpid(-1, os.WNOHANG)
         except ChildProcessError:
             break
         if pid == 0:
             break
-        _CHILDREN.discard(pid)
+        child = _CHILDREN.pop(pid, None)
+        if child is not None:
+            folder, pid_start = child
+            path = exits.status_path(utils.JobPaths(folder, str(pid), 0).folder, str(pid))
+            exits.write_status(path, pid, pid_start, os.waitstatus_to_exitcode(status))
         cancels.pop(pid, None)
     now = time.monotonic()
     for pid, at in list(cancels.items()):

@@ -37,6 +37,15 @@ at most every ``STATE_POLL_S``; sacct only for a job squeue no longer lists)
 and calls a job done only in a terminal state: pending, requeued, suspended
 or unknown jobs are alive.
 
+How a job ended (:meth:`SlurmCluster.exit_status`, once it is done) is accounting's record
+(``sacct -X``: ``State`` in full, ``CANCELLED by 0``; ``ExitCode`` ``code:signal``; ``DerivedExitCode``,
+the steps' worst, where the trainer's signal is when the batch script itself exited; ``NodeList``).
+Accounting lags slurmctld (slurmdbd is told asynchronously): it is asked again for up to
+``SACCT_WAIT_S``, which the controller's loop waits, then slurmctld's own record (``scontrol show job``,
+the same but the canceller) is taken instead: a Slurm that does not answer holds the loop for about
+``SACCT_WAIT_S + SCONTROL_TIMEOUT_S`` (2 s) at most. ``OUT_OF_MEMORY`` is the OOM killer's evidence (``oom:
+slurm``): Slurm's cgroup plugin counted an OOM kill in the job's own cgroup.
+
 Faults
 ------
 ``faults.py``: each kind of the table (``workbench.faults.kinds``) the
@@ -51,10 +60,11 @@ import os
 import signal
 import time
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import submitit
 
+from workbench.cluster import exits
 from workbench.cluster.base import Cluster
 from workbench.cluster.slurm import faults as slurm_faults
 from workbench.cluster.slurm import validate as slurm_validate
@@ -62,8 +72,11 @@ from workbench.cluster.slurm.client import (
     TERMINAL_STATES,
     client_env,
     cluster_identity,
+    controller_job_end,
     executor_parameters,
+    job_end,
     job_states,
+    kill_wait_s,
     resolve_conf,
     slurm_cmd,
     submit_host_toward_nodes,
@@ -73,6 +86,9 @@ from workbench.trainers.registry import trainer_kind
 __all__ = ["SlurmCluster", "TERMINAL_STATES", "client_env", "executor_parameters", "resolve_conf", "slurm_cmd"]
 
 STATE_POLL_S = 0.5
+SACCT_WAIT_S = 1.0  # for accounting's record of a job slurmctld says ended (it lags), then slurmctld's
+SACCT_RETRY_S = 0.2
+SCONTROL_TIMEOUT_S = 1.0  # so that a Slurm that does not answer holds the loop for 2 s at most
 
 
 class SlurmCluster(Cluster):
@@ -111,6 +127,11 @@ class SlurmCluster(Cluster):
         """Check the spec against the cluster (``sbatch --test-only``: nothing is queued) and pin ``slurm.conf``."""
         slurm_validate.validate(spec)
 
+    @classmethod
+    def kill_wait_s(cls, spec) -> Optional[float]:
+        """The cluster's ``KillWait`` (``scontrol show config``); None where no controller answers."""
+        return kill_wait_s(resolve_conf(spec))
+
     def submit(self, fn: Callable[..., Any], *args: Any, name: str) -> submitit.Job:
         self.executor.update_parameters(job_name=name)
         job = self.executor.submit(fn, *args)
@@ -125,6 +146,19 @@ class SlurmCluster(Cluster):
 
     def cancel(self, job: submitit.Job) -> None:
         slurm_cmd(self.conf, "scancel", str(job.job_id))
+
+    def exit_status(self, job: submitit.Job) -> exits.ExitStatus:
+        """Accounting's record of the job's end, waited for up to ``SACCT_WAIT_S``; else slurmctld's."""
+        job_id = str(job.job_id)
+        deadline = time.monotonic() + SACCT_WAIT_S
+        end = job_end(self.conf, job_id, timeout=SACCT_WAIT_S)
+        while end is None and time.monotonic() + SACCT_RETRY_S < deadline:
+            time.sleep(SACCT_RETRY_S)
+            end = job_end(self.conf, job_id, timeout=max(0.1, deadline - time.monotonic()))
+        end = end or controller_job_end(self.conf, job_id, timeout=SCONTROL_TIMEOUT_S)
+        if end is None:
+            return exits.ExitStatus(slurm_state=self._states.get(job_id))
+        return slurm_exit_status(end)
 
     def inject(self, kind, view, seconds, origin: str, proc=None) -> dict:
         """``proc`` is never given: the kinds that name another process than the group's are local only."""
@@ -143,3 +177,27 @@ class SlurmCluster(Cluster):
         if not live:
             return
         self._states.update(job_states(self.conf, live))
+
+
+def slurm_exit_status(end: dict) -> exits.ExitStatus:
+    """An :class:`~workbench.cluster.exits.ExitStatus` from :func:`~workbench.cluster.slurm.client.job_end`'s
+    record: the signal of ``ExitCode``, else of ``DerivedExitCode`` (srun's task), else ``ExitCode``'s code."""
+    status = exits.ExitStatus(
+        slurm_state=end["state"] or None, slurm_exit_code=end["exit_code"] or None, node=end["node"] or None
+    )
+    codes = [_code_signal(end["exit_code"]), _code_signal(end["derived_exit_code"])]
+    sig = next((s for _, s in filter(None, codes) if s), 0)
+    if sig:
+        status.signal = exits.signal_name(sig)
+    elif codes[0] is not None:
+        status.exit_code = codes[0][0]
+    if end["state"].split()[0].upper() == "OUT_OF_MEMORY":
+        status.oom = "slurm"
+    if status.node in ("None assigned", "(null)"):
+        status.node = None
+    return status
+
+
+def _code_signal(text: str):
+    code, _, sig = (text or "").partition(":")
+    return (int(code), int(sig)) if code.isdigit() and sig.isdigit() else None

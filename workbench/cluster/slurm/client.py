@@ -66,6 +66,13 @@ def slurm_cmd(conf: Optional[str], *argv: str, timeout: float = 30) -> subproces
         return subprocess.CompletedProcess(list(argv), 124, "", f"{argv[0]}: no answer within {timeout}s")
 
 
+def kill_wait_s(conf: Optional[str]) -> Optional[float]:
+    """``KillWait`` from ``scontrol show config`` (``KillWait = 30 sec``); None where no controller answers."""
+    out = slurm_cmd(conf, "scontrol", "show", "config", timeout=10)
+    m = re.search(r"^\s*KillWait\s*=\s*(\d+)", out.stdout, re.MULTILINE) if out.returncode == 0 else None
+    return float(m.group(1)) if m else None
+
+
 def cluster_identity(conf: Optional[str]) -> str:
     """``<ClusterName>-<8 hex of the conf path>``: names the submitit folder, one per cluster."""
     name = None
@@ -90,6 +97,51 @@ def job_states(conf: Optional[str], job_ids: list[str]) -> dict[str, str]:
         if acct.returncode == 0:
             states.update({j: s for j, s in _parse_states(acct.stdout).items() if j in missing})
     return states
+
+
+def job_end(conf: Optional[str], job_id: str, timeout: float = 5) -> Optional[dict]:
+    """How job ``job_id`` ended, from accounting: ``{"state", "exit_code", "derived_exit_code", "node"}``
+    (``sacct -X``: the allocation's record; ``state`` in full, ``CANCELLED by 0``); None while accounting
+    has no terminal record of it (it lags slurmctld) or cannot be asked."""
+    out = slurm_cmd(
+        conf,
+        "sacct",
+        "-j",
+        job_id,
+        "-X",
+        "-n",
+        "-P",
+        "-o",
+        "JobID,State,ExitCode,DerivedExitCode,NodeList",
+        timeout=timeout,
+    )
+    if out.returncode != 0:
+        return None
+    for line in out.stdout.splitlines():
+        fields = line.split("|")
+        if len(fields) == 5 and fields[0].strip() == job_id:
+            state = fields[1].strip().replace("+", "")
+            if state.split()[0].upper() not in TERMINAL_STATES:
+                return None
+            return {"state": state, "exit_code": fields[2], "derived_exit_code": fields[3], "node": fields[4]}
+    return None
+
+
+def controller_job_end(conf: Optional[str], job_id: str, timeout: float = 5) -> Optional[dict]:
+    """The same from slurmctld (``scontrol show job``), which knows at once, for ``MinJobAge`` after the
+    end; no ``by UID`` for a cancellation. None where it no longer knows the job."""
+    out = slurm_cmd(conf, "scontrol", "-o", "show", "job", job_id, timeout=timeout)
+    if out.returncode != 0:
+        return None
+    f = dict(re.findall(r"(\w+)=(\S*)", out.stdout))
+    if f.get("JobState", "").upper() not in TERMINAL_STATES:
+        return None
+    return {
+        "state": f["JobState"],
+        "exit_code": f.get("ExitCode", ""),
+        "derived_exit_code": f.get("DerivedExitCode", ""),
+        "node": f.get("NodeList", ""),
+    }
 
 
 def _parse_states(text: str) -> dict[str, str]:
