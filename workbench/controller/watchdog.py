@@ -4,10 +4,16 @@ The controller feeds the watchdog each committed step's interval (for the
 timeout) and calls :meth:`HangWatchdog.check` every tick; a hang is reported as
 a ``hang`` event, and with ``hang.action: kill`` the group is killed (a fault of
 origin ``watchdog``), which the relaunch policy then restarts like any death.
+
+With the ``hang`` event the stacks of every process of the group are taken
+(``workbench.run.stacks``: py-spy, a ``stacks`` event): in a thread, so the
+controller's tick goes on meanwhile (a group takes about 0.5 s here, 10 s at
+most a process); a kill waits for them, up to :data:`KILL_AFTER_STACKS_S`.
 """
 
 from __future__ import annotations
 
+import threading
 import time
 from typing import Iterable
 
@@ -15,10 +21,12 @@ from workbench.controller.slots import ReplicaSlot
 from workbench.errors import FaultError
 from workbench.events.writer import EventWriter
 from workbench.faults import inject as faults
+from workbench.run import stacks
 from workbench.spec.sections import HangSpec
 from workbench.state.fold import RunState
 
 MAX_INTERVALS = 2000  # step intervals kept for the median: the run's early steps set the timeout
+KILL_AFTER_STACKS_S = stacks.TIMEOUT_S + 1.0  # the most a kill waits for the hung group's stacks
 
 
 class HangWatchdog:
@@ -36,6 +44,7 @@ class HangWatchdog:
         self.writer = writer
         self.run = run  # the handle a kill is injected through (the controller)
         self.step_intervals: list[float] = []
+        self.kills: dict[int, tuple[threading.Thread, int, float]] = {}  # replica -> (sampler, attempt, kill by)
 
     def observe_commit(self, slot: ReplicaSlot, e: dict) -> None:
         """A committed step ``e`` of ``slot``'s current attempt, before the slot records it as its progress."""
@@ -73,6 +82,7 @@ class HangWatchdog:
         again, and reading it as progress made after the report flagged the same hang twice (a
         fresh clone's run of the test above: stopped at 0.0, its step 14 stamped -0.009 s and written at
         5.0 s, the second ``hang`` at 5.02 s)."""
+        self._kill_sampled()
         now = time.time()
         limit = self.timeout_s()
         running = [s for s in self.slots if s.state == "running" and s.committed_steps > 0]
@@ -99,8 +109,37 @@ class HangWatchdog:
                 seconds_without_progress=round(idle, 3),
                 timeout_s=round(limit, 3),
             )
+            sampler = self._sample(slot)
             if self.hang.action == "kill":
-                try:
-                    faults.inject(self.run, "kill", slot.replica, origin="watchdog", writer=self.writer)
-                except FaultError as e:
-                    self.writer.emit("warning", message=f"hang action failed: {e}")
+                self.kills[slot.replica] = (sampler, slot.attempt, now + KILL_AFTER_STACKS_S)
+
+    def _sample(self, slot: ReplicaSlot) -> threading.Thread:
+        """Take the hung group's stacks in a thread (its processes are found here, in the loop's thread,
+        whose fold they are read from)."""
+        procs, errors, attempt = stacks.group_processes(self.run_state, slot.replica, self.run.cluster.marker)
+
+        def take() -> None:
+            try:
+                stacks.sample(self.run.run_dir, self.writer, slot.replica, procs, "watchdog", attempt, errors)
+            except Exception as e:  # a view of the hang: the run goes on without it
+                self.writer.emit("warning", message=f"stacks of replica {slot.replica}: {type(e).__name__}: {e}")
+
+        thread = threading.Thread(target=take, name=f"wb-stacks-r{slot.replica}", daemon=True)
+        thread.start()
+        return thread
+
+    def _kill_sampled(self) -> None:
+        """``hang.action: kill``: kill each hung group whose stacks are taken (or took too long), unless it
+        moved on to another attempt meanwhile."""
+        now = time.time()
+        for replica, (sampler, attempt, kill_by) in list(self.kills.items()):
+            if sampler.is_alive() and now < kill_by:
+                continue
+            del self.kills[replica]
+            slot = next(s for s in self.slots if s.replica == replica)
+            if slot.attempt != attempt or slot.state != "running":
+                continue
+            try:
+                faults.inject(self.run, "kill", replica, origin="watchdog", writer=self.writer)
+            except FaultError as e:
+                self.writer.emit("warning", message=f"hang action failed: {e}")
