@@ -9,9 +9,12 @@ from __future__ import annotations
 import os
 import socket
 from pathlib import Path
+from typing import Optional
 
+from workbench.cluster.backends import backend_class
 from workbench.errors import SpecError
 from workbench.spec.models import Spec
+from workbench.spec.timeouts import Measured, pg_timeout, timeout_warnings
 from workbench.trainers.registry import trainer_kind
 
 
@@ -24,13 +27,15 @@ def _port_busy(host: str, port: int) -> bool:
     return False
 
 
-def preflight(spec: Spec) -> list[str]:
+def preflight(spec: Spec, measured: Optional[Measured] = None) -> list[str]:
     """World-facing and cross-field checks before submit.
 
     Raises :class:`SpecError` for what cannot work; returns warnings for what
     works badly. Each message names the values and says why. Nothing is
     created: the run root's writability is judged on its nearest existing
-    ancestor.
+    ancestor. The timeouts are judged against each other (:mod:`.timeouts`),
+    and with ``measured`` (a measured run's figures) also against what the run
+    did, and against the cluster's ``KillWait``, which is asked then only.
     """
     root = Path(spec.run_root).expanduser().resolve()
     probe = root
@@ -50,9 +55,10 @@ def preflight(spec: Spec) -> list[str]:
         )
     warnings: list[str] = []
     hb = lh.heartbeat_timeout_ms
-    if spec.pg_timeout_ms < hb:
+    pg, pg_ms = pg_timeout(spec)
+    if pg_ms < hb:
         warnings.append(
-            f"torchft.pg_timeout_ms ({spec.pg_timeout_ms}) < lighthouse.heartbeat_timeout_ms ({hb}): "
+            f"{pg} < lighthouse.heartbeat_timeout_ms ({hb}): "
             "a slow step fails its collective and is discarded, yet the next quorum still waits "
             "for the heartbeat timeout"
         )
@@ -69,7 +75,11 @@ def preflight(spec: Spec) -> list[str]:
         )
     kind = trainer_kind(spec.trainer)
     if kind.elastic and kind.checkpoint_period is None and spec.relaunch == "auto" and spec.replicas == 1:
-        warnings.append("replicas is 1: a relaunched group has no live peer to heal from and restarts from scratch")
+        if not spec.torchft.snapshot_every:
+            warnings.append(
+                "replicas is 1: a relaunched group has no live peer to heal from; its model state is lost "
+                f"(on_state_loss: {spec.on_state_loss}; torchft.snapshot_every resumes it from a snapshot)"
+            )
     for i, f in enumerate(spec.faults):
         if f.at_step is not None and f.at_step >= spec.steps:
             warnings.append(f"faults[{i}].at_step ({f.at_step}) >= steps ({spec.steps}): it never fires")
@@ -82,9 +92,10 @@ def preflight(spec: Spec) -> list[str]:
             "ever written, so a restart starts from step 0"
         )
     says_waiting = kind.says_waiting_at_sync and spec.ft.algorithm != "ddp"  # a group waiting at a sync is not hung
-    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < spec.pg_timeout_ms and not says_waiting:
+    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < pg_ms and not says_waiting:
         warnings.append(
             f"hang.timeout_s ({spec.hang.timeout_s}) is shorter than the process-group timeout "
-            f"({spec.pg_timeout_ms} ms): survivors waiting out a dead peer would be reported as hung"
+            f"({pg}): survivors waiting out a dead peer would be reported as hung"
         )
-    return warnings
+    kill_wait = backend_class(spec.cluster).kill_wait_s(spec) if measured is not None else None
+    return warnings + timeout_warnings(spec, measured, kill_wait)
