@@ -431,6 +431,6 @@ def test_preempt_a_two_rank_group_every_rank_stops_at_one_step_and_it_resumes_fr
     ev = run.events()
     first = ev[(ev["replica"] == 0) & (ev["attempt"] == 0)]
     assert end["titan_step"] in first[first["kind"] == "checkpoint"]["step"].tolist()
-    resumed = _steps(run, 0, attempt=1)  # torchtitan's step resumes from the checkpoint; torchft's restarts at 1
+    resumed = _steps(run, 0, attempt=1)  # torchtitan's step resumes from the checkpoint (and torchft's Manager's)
     assert resumed["titan_step"].tolist() == list(range(int(end["titan_step"]) + 1, steps + 1)), resumed
     assert_one_writer_per_file(run)

@@ -12,6 +12,8 @@ its own session, so the run outlives the notebook kernel that started it. It:
   reason=completed``, and relaunches that replica group as the next attempt
   (``relaunch: auto``), up to ``max_restarts``: ``relaunch.RelaunchPolicy``
   decides, the loop carries it out;
+- says when every group died with no live peer holding the model state, and resumes, restarts or fails
+  the run (``total_loss.TotalLossWatch``);
 - fires the spec's fault schedule and armed faults (``fault_schedule.FaultSchedule``);
 - reports (and with ``hang.action: kill`` kills) a hung group (``watchdog.HangWatchdog``);
 - samples node health (``nodehealth``) and writes the step index (``analysis.step_index``);
@@ -40,12 +42,13 @@ from typing import Any, Optional
 
 from workbench.analysis import StepColumns, step_index
 from workbench.cluster import make_cluster
-from workbench.controller import nodehealth, unwritable
+from workbench.controller import job_end, nodehealth, unwritable
 from workbench.controller.fault_schedule import FaultSchedule
 from workbench.controller.lighthouse import Lighthouse, LighthouseSupervisor
 from workbench.controller.relaunch import RelaunchPolicy
 from workbench.controller.slots import ReplicaSlot
 from workbench.controller.spares import SparePool
+from workbench.controller.total_loss import TotalLossWatch
 from workbench.controller.watchdog import HangWatchdog
 from workbench.events.reader import EventReader
 from workbench.events.writer import EventWriter
@@ -82,6 +85,7 @@ class Controller:
         self.spares = SparePool(self.run_dir, limit=self.spec.spares + self.spec.max_restarts)
         self.watchdog = HangWatchdog(self.spec.hang, self.slots.values(), self.run_state, self.writer, run=self)
         self.faults = FaultSchedule(self.spec.faults, len(self.slots) - 1, self.writer, run=self)
+        self.total_loss = TotalLossWatch(self.spec, self.slots, self.run_state, self.writer)
         self.exits: dict[tuple[int, int], dict] = {}
         self.max_step = 0
         self.stopping = False
@@ -118,6 +122,7 @@ class Controller:
             self._shutdown()
             self.faults.warn_unfired(self.max_step)
             self._write_step_index()  # before run_end: a reader that sees the end finds the index complete
+            reason = reason or (self.total_loss.end_reason if state == "completed" else "")
             self.writer.emit(
                 "run_end", state=state, reason=reason, steps=self.max_step, **self.unwritable.end_fields(reason)
             )
@@ -166,6 +171,8 @@ class Controller:
                     self._job_ended(slot)
                 elif slot.state == "relaunch_wait" and now >= slot.relaunch_at:
                     self._launch(slot)
+            if self.total_loss.failed:
+                return "failed", self.total_loss.end_reason
             states = {s.state for s in self.slots.values()}
             if "completed" in states:
                 for slot in self.slots.values():
@@ -199,6 +206,7 @@ class Controller:
 
     def _launch(self, slot: ReplicaSlot) -> None:
         slot.begin_attempt()
+        self.total_loss.launched(slot.replica, slot.attempt)
         ctx = self._context(slot.replica, slot.attempt)
         slot.job = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-r{slot.replica}")
         slot.state = "running"
@@ -222,7 +230,11 @@ class Controller:
             state="ended",
             clean=bool(exit_event and exit_event.get("reason") == "completed"),
             reason=(exit_event or {}).get("reason", "died"),
+            **job_end.gathered(self, slot, exit_event),
         )
+        if self.total_loss.ended(slot.replica, exit_event, self.slots.values(), stopping=self.stopping):
+            slot.state = "failed"  # the state is lost and the spec says fail: the run ends (total_loss)
+            return
         decision = self.relaunch.decide(
             slot,
             exit_event,
@@ -251,6 +263,7 @@ class Controller:
         """The ready spare ``spare_id`` becomes the group's next attempt at once; another spare takes its place."""
         job = self.spares.take(spare_id)
         slot.begin_attempt()
+        self.total_loss.launched(slot.replica, slot.attempt)
         slot.job = job
         slot.state = "running"
         self.spares.assign(spare_id, slot.replica, slot.attempt)
@@ -298,6 +311,7 @@ class Controller:
         r = e.get("replica")
         self.faults.observe(e)
         self.spares.observe(e)
+        self.total_loss.observe(e)
         if kind == "exit" and r is not None and e.get("role") is None:
             self.exits[(r, e.get("attempt", 0))] = e
         elif kind == "step" and r in self.slots:

@@ -94,6 +94,12 @@ class RunEndReason(Described):
         "quota, a file system gone read-only), so the controller stopped every group; `since` and `error` say "
         "from when and why (`workbench/controller/unwritable.py`)",
     )
+    STATE_LOST = (
+        "state_lost",
+        "every replica group died with no live peer holding the model state (the run's `state_lost` event: the "
+        "step, and whether it resumed from durable state, went on from scratch or failed; "
+        "`workbench/controller/total_loss.py`)",
+    )
 
 
 class ExitReason(StrEnum):

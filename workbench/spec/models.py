@@ -77,6 +77,9 @@ class Spec(Section):
     relaunch: Literal["auto", "off"] = "auto"
     relaunch_delay_s: float = Field(0.0, ge=0, le=3600)
     max_restarts: int = Field(20, ge=0, le=10_000)
+    # Every group of an elastic run died at once and no durable state exists (controller/total_loss.py): fail
+    # the run (the default: the model it was asked to train is gone), or go on from scratch and say so.
+    on_state_loss: Literal["fail", "restart"] = "fail"
     spares: int = Field(0, ge=0, le=64)
     heartbeat_s: float = Field(1.0, gt=0, le=600)
     # How long a run goes on while its run root takes no write (workbench/controller/unwritable.py says why 60 s).
@@ -134,6 +137,11 @@ class Spec(Section):
             with_spares = ", ".join(n for n in TRAINERS if trainer_kind(n).supports_spares)
             raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer {with_spares} only")
         self._check_algorithm()
+        if self.torchft.snapshot_every and self.trainer != "torchft-lite":
+            raise ValueError(
+                f"torchft.snapshot_every ({self.torchft.snapshot_every}) is for trainer torchft-lite; "
+                f"trainer {self.trainer} keeps its own checkpoints"
+            )
         if self.chaos and self.chaos.targets:
             bad = [t for t in self.chaos.targets if not 0 <= t < self.replicas]
             if bad:

@@ -89,6 +89,12 @@ class TorchftSpec(Section):
     future chain torchft builds and runs on the finished result (``trainers/ddp_hook.py``).
     False: torchft's hook.
 
+    ``snapshot_every`` (torchft-lite): every N committed steps (a semi-synchronous algorithm: at the first
+    committed sync from there) each group writes its whole torchft state, what a heal would send, to
+    ``snapshots/replica-<r>.pt`` (atomically, one writer per file). A group that starts loads the newest one
+    before its first quorum: a live peer ahead of it heals it as usual; with none left (every group died at
+    once) the run resumes from it (``controller/total_loss.py``). 0: off, the state lives in memory only.
+
     ``rust_log``: the level of torchft's Rust logging (its ``RUST_LOG``, read once when
     ``torchft`` is imported) in the run's lighthouse and in every process of every group.
     At torchft's default, ``info``, each quorum is four lines on a group's stderr, one of
@@ -112,6 +118,7 @@ class TorchftSpec(Section):
     pg_timeout_only: bool = True  # torchft-lite: no Manager timer on a collective the process group times out first
     use_async_quorum: bool = True
     rust_log: Literal["error", "warn", "info", "debug", "trace"] = "warn"
+    snapshot_every: int = Field(0, ge=0, le=10_000_000)
     structured_logs: bool = True  # torchft-lite: torchft's quorum/commit/error records into the event log
     step_timing: bool = False  # torchft-lite: per-phase seconds (t_<phase>_s) in each step event (bench/stepcost.py)
     # torchft-lite heal: "pg" = torchft's PGTransport over the group's gloo process group, received in place
