@@ -10,7 +10,8 @@ on / off (interleaved), the per-step cost broken down against plain DDP
 under one recorded fault trace (``algorithms``: :mod:`bench.algorithms`, its own section of the report),
 the live loss plot in the kernel and in chromium (``live_plot``: :mod:`bench.live_plot`), and the fork server
 against submitit's LocalExecutor (``forkserver``: :mod:`bench.forkserver`), and how fast a semi-synchronous round
-gets over a fault (``syncfaults``: :mod:`bench.syncfaults`), each its own section.
+gets over a fault (``syncfaults``: :mod:`bench.syncfaults`), and the straggler score fault-free and under a
+``straggler`` fault (``straggler``: :mod:`bench.straggler`), each its own section.
 ``--only`` runs a subset and replaces only those sections of ``--out``. A run
 or section that fails is listed at the end and the exit status is 1. The
 process renices itself (and so every run it starts) by 10: the machine is shared.
@@ -38,6 +39,7 @@ from . import (
     report,
     sessions,
     stepcost,
+    straggler,
     syncfaults,
     torchft_logs,
 )
@@ -91,6 +93,7 @@ SECTIONS = (
     "live_plot",
     "forkserver",
     "syncfaults",
+    "straggler",
 )
 
 
@@ -153,6 +156,7 @@ def main(argv: list[str] | None = None) -> int:
         None,
     )
     crashed: list[dict] = []
+    strag = None
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
         ddp = ddp_restart(cfg["checkpoint_every_s"])
@@ -200,6 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                 "[sync faults] kill inside a sync's all-reduce (drop_failed_pg), a group stopped mid-window (catch_up)"
             )
             sync = _section(crashed, "syncfaults", syncfaults.measure, 1 if args.quick else 3, root)
+        if "straggler" in only:
+            print("[straggler score] three groups fault-free (5 min; --quick 1 min), then each throttled in turn")
+            strag = _section(crashed, "straggler", straggler.measure, 60.0 if args.quick else 300.0, root)
         if "live_plot" in only:
             print("[live plot] kernel-side update cost at 100k points, event -> drawn in chromium")
             lp = _section(
@@ -263,6 +270,8 @@ def main(argv: list[str] | None = None) -> int:
         _write_marked(out, "forkserver", forkserver.render(fork))
     if sync is not None:
         _write_marked(out, "syncfaults", syncfaults.render(sync))
+    if strag is not None:
+        _write_marked(out, "straggler", straggler.render(strag))
     if lp is not None:
         _write_marked(
             out,

@@ -228,7 +228,8 @@ def test_replay_repeats_the_spec_and_the_faults(finished_sweep, tracked):
 
 
 def test_stop_ends_the_running_point_and_skips_the_rest(tracked, run_root):
-    sw = wb.sweep("demo", {**BASE, "steps": 100000}, grid={"seed": [1, 2]})
+    # One group, killed: its model state is lost; ``restart`` lets the point go on until the sweep is stopped.
+    sw = wb.sweep("demo", {**BASE, "steps": 100000, "on_state_loss": "restart"}, grid={"seed": [1, 2]})
     tracked.append(sw)
     assert sw.max_parallel == 1
     run = sw.wait_for_point(0, timeout=60)

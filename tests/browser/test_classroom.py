@@ -47,6 +47,11 @@ from .test_dashboard_browser import JS_TRACE_LEN, shot, wait_js
 pytestmark = pytest.mark.browser
 
 VIEWPORTS = {"laptop": (1440, 900), "projector": (1024, 768)}
+# the cells of a table whose text takes more than one line (``sel``: the cells)
+JS_WRAPPED = """(sel) => [...document.querySelectorAll(sel)].filter(c => {
+    const r = document.createRange(); r.selectNodeContents(c);
+    return new Set([...r.getClientRects()].filter(b => b.width > 0).map(b => Math.round(b.top))).size > 1;
+}).map(c => c.textContent)"""
 JS_TILES = "() => [...document.querySelectorAll('.wb-tile[data-replica]')].map(t => [t.dataset.state, Number(t.dataset.step || -1), Number(t.dataset.attempt)])"
 
 # One figure's plot area and marks, measured in the page (plotly's own layout gives the plot area).
@@ -62,18 +67,23 @@ JS_MEASURE = """(gd) => {
     const axisTitles = axis => [...gd.querySelectorAll('.infolayer text')]
         .filter(e => new RegExp('^' + axis + '\\\\d*title$').test(e.getAttribute('class') || ''))
         .map(e => e.textContent.trim()).filter(Boolean);
+    const XTICKS = '.xaxislayer-above text';  // every x axis's tick labels (x, x2, x3: subplots sharing one x)
     // the largest x tick text: a log axis writes its minor labels (2, 5) smaller on purpose
-    const tickPx = Math.max(0, ...[...gd.querySelectorAll('.xtick text')].map(t => parseFloat(getComputedStyle(t).fontSize)));
+    const tickPx = Math.max(0, ...[...gd.querySelectorAll(XTICKS)].map(t => parseFloat(getComputedStyle(t).fontSize)));
     const lg = gd.querySelector('.legend');
     const lb = lg && lg.getBoundingClientRect();
+    const mb = gd.querySelector('.modebar');  // plotly's toolbar: laid out always, shown on hover
+    const mbb = mb && mb.getBoundingClientRect();
     return {
         fig_w: r.width, fig_h: r.height, plot_w: s.w, plot_h: s.h, marks: marks.length, bars: bars.length,
         min_bar_h: bars.length ? Math.min(...bars.map(b => b.height)) : null,
         title: texts('.gtitle')[0] || '', xtitle: axisTitles('x'), ytitle: axisTitles('y'),
-        xticks: texts('.xtick text').length, yticks: texts('.ytick text'),
+        xticks: texts(XTICKS).length, yticks: texts('.ytick text'),
         tick_px: tickPx,
         legend_on_plot: !!lb && lb.width > 0 && lb.right > area.left && lb.left < area.right
                         && lb.bottom > area.top && lb.top < area.bottom,
+        legend_under_toolbar: !!lb && !!mbb && lb.width > 0 && mbb.width > 0 && lb.right > mbb.left
+                              && lb.left < mbb.right && lb.bottom > mbb.top && lb.top < mbb.bottom,
         viewport_h: window.innerHeight, viewport_w: window.innerWidth,
     };
 }"""
@@ -102,6 +112,8 @@ def check_figure(name: str, m: dict, rows: int | None = None) -> list[str]:
         bad.append(f"tick text {m['tick_px']} px (< 13)")
     if m["legend_on_plot"]:
         bad.append("the legend covers the plot area")
+    if m["legend_under_toolbar"]:
+        bad.append("the legend runs under plotly's toolbar")
     if rows is not None:
         if m["bars"] < rows:
             bad.append(f"{m['bars']} visible bars for {rows} rows")
@@ -242,6 +254,13 @@ def test_classroom_page_live_no_code_latency_and_reload(module_run, page, tmp_pa
         )
         n = page.evaluate(JS_TRACE_LEN, "replica 0")
         wait_js(page, f"() => ({JS_TRACE_LEN})('replica 0') > {n}", timeout_s=30, what="plot grows")
+        # each tile's memory: its group's resident memory, from the controller's samples (a CPU run)
+        wait_js(
+            page,
+            r"() => [...document.querySelectorAll('.wb-tile[data-replica]')].every(t => /rss \d+(\.\d)? [kMG]?B/.test(t.textContent))",
+            timeout_s=30,
+            what="tiles show memory",
+        )
         shot(page, "classroom.png")
         problems, _ = _measure_all(
             page, {"dashboard loss": "document.querySelector('.wb-loss-plot .js-plotly-plot')"}, {}, "classroom"
@@ -322,6 +341,97 @@ def test_classroom_teacher_turns_the_fault_buttons_on(module_run, page, tmp_path
     assert [(e["action"], e["target"], e["origin"]) for e in faults] == [("kill", 1, "button")]
 
 
+def test_a_tile_says_why_its_group_ended_and_the_tables_do_not_wrap(browser, tmp_path):
+    """A hand-written run (no trainer: the page only reads the log): replica 1 killed from the dashboard at
+    step 41 and dead since. Its tile says so; each tile shows its group's memory; the heal table's cells
+    and the plots' legends are measured at both screen sizes."""
+    from workbench.run import rundir
+    from workbench.spec.load import load_spec
+
+    run_dir = rundir.create(
+        tmp_path / "runs", "20250101-000000-demo-cause1", load_spec("demo", {"replicas": 2, "faults": []}).to_dict()
+    )
+    controller = EventWriter(run_dir, "controller", run=run_dir.name)
+    w = {r: EventWriter(run_dir, f"replica-{r}.attempt-0", run=run_dir.name, replica=r, attempt=0) for r in (0, 1)}
+    for r in (0, 1):
+        controller.emit("submit", replica=r, attempt=0, job_id=f"j{r}")
+        w[r].emit("start", role="replica", trainer="torchft-lite", node="vm")
+        w[r].emit("phase", phase="model_ready", checkpoint_address=f"pg://127.0.0.1/replica_{r}")
+    w[1].emit(
+        "heal",
+        step=0,
+        seconds=0.07,
+        bytes=1_622_136,
+        bytes_per_s=23_173_371.0,
+        from_address="pg://127.0.0.1/replica_0",
+        served_from="127.0.0.1",
+        interface="lo",
+    )
+    for s in range(1, 42):
+        for r in (0, 1):
+            w[r].emit(
+                "step",
+                step=s,
+                loss=2.0 / s + 0.01 * r,
+                committed=True,
+                participating=True,
+                participants=2,
+                quorum_id=1,
+                step_time_s=0.02,
+                tokens_per_s=12800.0,
+            )
+    groups = [
+        {"replica": 0, "attempt": 0, "rss_bytes": 412_000_000},
+        {"replica": 1, "attempt": 0, "rss_bytes": 409_000_000},
+    ]
+    controller.emit("node_health", node="vm", cpu_percent=180.0, rss_bytes=821_000_000, mem_share=0.1, groups=groups)
+    EventWriter(run_dir, "control-1", run=run_dir.name).emit(
+        "fault", action="kill", target=1, attempt=0, origin="button"
+    )
+    controller.emit(
+        "job", replica=1, attempt=0, job_id="j1", state="ended", clean=False, signal="SIGKILL", reason="died"
+    )
+    for s in range(42, 60):
+        w[0].emit(
+            "step",
+            step=s,
+            loss=2.0 / s,
+            committed=True,
+            participating=True,
+            participants=1,
+            quorum_id=2,
+            step_time_s=0.02,
+            tokens_per_s=12800.0,
+        )
+
+    context = browser.new_context(viewport={"width": 1440, "height": 900})
+    page = context.new_page()
+    try:
+        with classroom(str(run_dir), log=tmp_path / "classroom-cause.log") as url:
+            page.goto(url)
+            wait_page(page)
+            cause = page.locator(".wb-tile[data-replica='1'] .wb-cause")
+            cause.wait_for(timeout=30_000)
+            assert cause.inner_text() == "attempt 0 ended: kill from the dashboard at step 41"
+            tiles = page.locator(".wb-tile[data-replica]")
+            assert [t.get_attribute("data-state") for t in tiles.all()] == ["participating", "dead"]
+            assert "rss 412.0 MB" in tiles.nth(0).inner_text() and "wb-cause" not in tiles.nth(0).inner_html()
+            shot(page, "tile-cause-1440x900.png", page.locator(".wb-tiles-panel"))  # (its HTML is redrawn each poll)
+            problems, _ = _measure_all(
+                page,
+                {
+                    f"dashboard {name}": f"document.querySelector('.{cls} .js-plotly-plot')"
+                    for name, cls in DASHBOARD_PLOTS
+                },
+                {},
+                "classroom",
+            )
+            problems += _check_tables(page, "document.querySelector('.wb-heals')", "classroom")
+            assert not problems, "\n".join(problems)
+    finally:
+        context.close()
+
+
 # -- 3: every figure, measured ----------------------------------------------------------------------
 
 FIGURES_NOTEBOOK = """
@@ -358,6 +468,27 @@ FIGURE_CELLS = {
     7: "figures by heartbeat",
 }
 TIMELINE_ROWS = {2: 1, 3: 6}
+
+
+DASHBOARD_CELL = "document.querySelectorAll('.jp-Notebook .jp-CodeCell')[1]"
+DASHBOARD_PLOTS = (("loss", "wb-loss-plot"), ("wall clock", "wb-clock-plot"))
+TABLE_CELLS = ".wb-heals td, .wb-heals th, .wb-checkpoints td, .wb-checkpoints th"
+
+
+def _check_tables(page, heals_js: str, where: str) -> list[str]:
+    """The dashboard's heal table has a heal, and no cell of it or of the checkpoint table takes two lines,
+    at each viewport."""
+    problems = []
+    for vp, (w, h) in VIEWPORTS.items():
+        page.set_viewport_size({"width": w, "height": h})
+        page.wait_for_timeout(500)
+        page.evaluate(f"() => {heals_js}.scrollIntoView({{block: 'center'}})")
+        rows = page.evaluate(f"() => [...{heals_js}.querySelectorAll('tr')].map(r => r.textContent)")
+        if len(rows) < 2 or "no peer heal yet" in rows[1]:
+            problems.append(f"{where} heal table @ {vp}: no heal shown: {rows}")
+        problems += [f"{where} table @ {vp} {w}x{h}: cell wraps: {c!r}" for c in page.evaluate(JS_WRAPPED, TABLE_CELLS)]
+        shot(page, f"tables-{where}-{vp}.png", page.locator(".wb-heals").first)
+    return problems
 
 
 def _measure_all(page, figure_js: dict, rows: dict, where: str) -> tuple[list[str], dict]:
@@ -486,12 +617,17 @@ def test_every_figure_is_readable_in_chromium(module_run, browser, lab, tmp_path
                     i
                 ]: f"document.querySelectorAll('.jp-Notebook .jp-CodeCell')[{i}].querySelector('.js-plotly-plot')"
                 for i in FIGURE_CELLS
+            }
+            | {
+                f"dashboard {name}": f"{DASHBOARD_CELL}.querySelector('.{cls} .js-plotly-plot')"
+                for name, cls in DASHBOARD_PLOTS
             },
             {FIGURE_CELLS[i]: n for i, n in TIMELINE_ROWS.items()},
             "notebook",
         )
         problems += p2
         measured.update(m2)
+        problems += _check_tables(page, f"{DASHBOARD_CELL}.querySelector('.wb-heals')", "notebook")
     except Exception:
         shot(page, "figures-failed.png")
         raise

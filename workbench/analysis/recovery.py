@@ -17,6 +17,12 @@ Milestones, each in seconds after the ``fault`` event (NaN: not reached):
   reads as a hang.
 - lighthouse fault: ``detected`` (seen down) → ``replacement_started`` (up
   again) → ``participating`` (training commits again).
+- an end no fault explains (``action`` ``unplanned``: a crash, the OOM killer,
+  a lost node; ``workbench.state.causes``): read as a kill at the death's time.
+
+Per row that ended a process, also ``cause`` and ``end`` (its cause and its one
+line, ``EndCause``), ``noticed`` (the controller saw its job gone) and
+``restarted`` (its ``restart`` event), in seconds after the row's ``t``.
 
 Per replica fault, also:
 
@@ -67,6 +73,9 @@ import pandas as pd
 
 from workbench.analysis.useful import decided
 from workbench.faults import kinds as faultkinds
+from workbench.state.causes import EndCause
+from workbench.state.fold import RunState
+from workbench.trainers.registry import UnknownTrainer, trainer_kind
 
 MILESTONES = ("detected", "quorum_without_victim", "replacement_started", "imports_done", "heal_done", "participating")
 COLUMNS = [
@@ -81,9 +90,14 @@ COLUMNS = [
     "from_scratch",
     "complete",
     "survivor_stall_s",
+    "cause",
+    "end",
+    "noticed",
+    "restarted",
 ]
 
 NAN = float("nan")
+UNPLANNED = "unplanned"  # ``action`` of a row for an end no fault explains (a crash, the OOM killer, a lost node)
 
 
 class _Series:
@@ -320,9 +334,45 @@ def _lighthouse_recovery(f: dict, log: _Log) -> dict:
     return row
 
 
+def ends_of(events: Sequence[dict]) -> list[EndCause]:
+    """Every ended attempt's cause, as the run-state fold joins it (``workbench.state.causes``), from ``events``
+    in time order; a checkpoint-restart trainer's ranks (named by the controller's ``start``) end together."""
+    state = RunState(0)
+    trainer = next(
+        (e.get("trainer") for e in events if e.get("kind") == "start" and e.get("role") == "controller"), None
+    )
+    try:
+        state.ends.one_job = isinstance(trainer, str) and not trainer_kind(trainer).elastic
+    except UnknownTrainer:
+        pass
+    state.apply(
+        sorted((e for e in events if e.get("kind") not in ("step", "heartbeat")), key=lambda e: e.get("t", 0.0))
+    )
+    return list(state.ends)
+
+
+def _end_phases(row: dict, end: Optional[EndCause], log: _Log) -> dict:
+    """The end's cause and summary, and when the controller saw its job gone and relaunched the group."""
+    if end is None:
+        return {**row, "cause": None, "end": None, "noticed": NAN, "restarted": NAN}
+    restart = log.of(end.replica, "restart").first_after(row["t"], lambda e: (e.get("attempt") or 0) > end.attempt)
+    noticed = end.job_t - row["t"] if end.job_t is not None else NAN
+    return {
+        **row,
+        "cause": end.cause(),
+        "end": end.summary(),
+        "noticed": noticed,
+        "restarted": _since(restart, row["t"]),
+    }
+
+
 def recovery_timeline(events: Sequence[dict]) -> pd.DataFrame:
-    """One row per fault in time order (a ``resume`` is not one): ``COLUMNS``; see the module docstring."""
-    log = _Log(decided(events))
+    """One row per fault (a ``resume`` is not one) and per unplanned end no fault explains (``action``
+    ``unplanned``; the death's time is ``t``, its ``cause`` and ``end`` say why), in time order: ``COLUMNS``;
+    see the module docstring."""
+    events = decided(events)
+    log, ends = _Log(events), ends_of(events)
+    by_fault = {(c.replica, c.injected["t"]): c for c in ends if c.injected is not None}
     rows = []
     for f in log.kind("fault").events:
         action = f.get("action")
@@ -330,9 +380,15 @@ def recovery_timeline(events: Sequence[dict]) -> pd.DataFrame:
         if kind is None:
             continue
         if kind.targets == "lighthouse":
-            rows.append(_lighthouse_recovery(f, log))
+            rows.append(_end_phases(_lighthouse_recovery(f, log), None, log))
         elif kind.targets == "replica" and isinstance(f.get("target"), int):
-            rows.append(_replica_recovery(f, kind, log))
+            end = by_fault.get((f["target"], f["t"])) if kind.ends_process else None
+            rows.append(_end_phases(_replica_recovery(f, kind, log), end, log))
+    for c in ends:
+        if c.unexplained and c.t is not None:
+            death = {"t": c.t, "target": c.replica, "attempt": c.attempt, "action": UNPLANNED, "origin": None}
+            rows.append(_end_phases(_replica_recovery(death, faultkinds.KINDS["kill"], log), c, log))
+    rows.sort(key=lambda row: row["t"])
     return pd.DataFrame(rows, columns=COLUMNS)
 
 

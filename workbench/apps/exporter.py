@@ -39,6 +39,13 @@ Series (every one labelled ``run``; a counter's name ends in ``_total``):
 ``workbench_replica_restarts_total``        relaunches of the group
 ``workbench_replica_heals_total``           heals of the group
 ``workbench_replica_faults_total``          faults injected into the group (a resume is none)
+``workbench_straggler_score``               the group's straggler score, 0-1 (``score``: ``relative``, ``individual``;
+                                            ``analysis.straggler``; absent before the group has a full window)
+``workbench_attempt_ends_total``            ended attempts of the group by ``cause``, a small fixed vocabulary
+                                            (``EndCause.cause``: a signal's name, ``exit_code``, ``exception``,
+                                            ``oom``, ``slurm:<STATE>``, ``injected:<kind>``, ``completed``, …)
+``workbench_replica_last_end``              the group's newest end (value: its time; ``attempt``, ``cause``,
+                                            ``planned``, ``summary``: the one line ``workbench why`` starts with)
 ``workbench_committed_step``                the run's furthest committed step
 ``workbench_faults_total``                  …and its faults, restarts, heals
 ``workbench_run_state``                     1 for the run's state (``state`` label)
@@ -53,6 +60,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import Counter
 from typing import Callable, Iterator, Optional
 
 from prometheus_client import CollectorRegistry, start_http_server
@@ -60,11 +68,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 from prometheus_client.registry import Collector
 
 from workbench import analysis
+from workbench.analysis import straggler
 from workbench.run.handle import Run
 from workbench.state.replica import REPLICA_STATES
 
 RUN_STATES = ("pending", "starting", "running", "completed", "failed", "stopped", "lost")
 LIVE = ("starting", "participating", "healing")
+SUMMARY_CHARS = 200  # a label's value: an exception's message is cut
 FRESH_S = 1.0  # one collection per second at most, whoever scrapes (see the module docstring)
 
 
@@ -140,6 +150,13 @@ class RunCollector(Collector):
             if node:
                 nodes.setdefault(node, []).append(a if v.state in LIVE else None)
         out: list[Metric] = [step, committed, loss, step_time, state, age, restarts, heals, faults]
+        score = per("workbench_straggler_score", "straggler score of the group, 1 best", extra=("score",))
+        for r, s in straggler.scores(st).items():
+            for name, value in (("relative", s.relative), ("individual", s.individual)):
+                if value is not None:
+                    score.add_metric([rid, str(r), name], value)
+        out.append(score)
+        out += self._ends(st, rid)
 
         out.append(GaugeMetricFamily("workbench_committed_step", "the run's furthest committed step", labels=["run"]))
         out[-1].add_metric([rid], st.max_committed)
@@ -179,6 +196,28 @@ class RunCollector(Collector):
                 node_age.add_metric([rid, node], min(live))
         out += [up, node_age]
         return out
+
+    def _ends(self, st, rid: str) -> list[Metric]:
+        """Ended attempts by group and cause, and each group's newest end (``workbench.state.causes``)."""
+        ends = CounterMetricFamily(
+            "workbench_attempt_ends",
+            "ended attempts of the replica group, by cause",
+            labels=["run", "replica", "cause"],
+        )
+        counts = Counter((c.replica, c.cause()) for c in st.ends)
+        for (r, cause), n in sorted(counts.items()):
+            ends.add_metric([rid, str(r), cause], n)
+        last = GaugeMetricFamily(
+            "workbench_replica_last_end",
+            "the replica group's newest end: its time, and why",
+            labels=["run", "replica", "attempt", "cause", "planned", "summary"],
+        )
+        for r, v in sorted(st.replicas.items()):
+            c = v.last_end
+            if c is not None:
+                labels = [rid, str(r), str(c.attempt), c.cause(), str(c.planned).lower(), c.summary()[:SUMMARY_CHARS]]
+                last.add_metric(labels, c.t or 0.0)
+        return [ends, last]
 
     def _current_goodput(self) -> Optional[dict]:
         now, events = self.clock(), self.run.events_read  # just refreshed by _families

@@ -1,4 +1,5 @@
-"""A self-contained HTML report of a run, for sharing: loss, recovery timeline, goodput, faults.
+"""A self-contained HTML report of a run, for sharing: loss, recovery timeline, goodput, faults, why each
+attempt ended.
 
 One file, plotly.js inlined once, no network needed to open it.
 """
@@ -19,6 +20,8 @@ from workbench.analysis.figures import readable
 from workbench.experiments.sweep import attach_sweep
 from workbench.run.handle import Run, attach
 from workbench.widgets.state import decimate
+
+END_COLUMNS = ("replica", "attempt", "t", "step", "cause", "summary", "planned", "origin", "node", "log")
 
 
 def loss_figure(metrics, events, max_points: int = 2000):
@@ -86,6 +89,10 @@ def run_report(run: Run) -> str:
         parts.append("<h2>Goodput</h2><pre>" + html.escape(json.dumps(gp, indent=2, default=str)) + "</pre>")
     if not timeline.empty:
         parts.append("<h2>Faults and recoveries</h2>" + timeline.round(3).to_html(index=False))
+    ends = run.ends()
+    if not ends.empty:  # why each attempt ended (workbench.state.causes); to_html escapes what the jobs wrote
+        ends["t"] = (ends["t"] - (run.run_state.t0 or 0.0)).round(2)
+        parts.append("<h2>Attempt ends</h2>" + ends[list(END_COLUMNS)].fillna("").to_html(index=False))
     parts.append("<h2>Spec</h2><pre>" + html.escape(json.dumps(run.record["spec"], indent=2)) + "</pre>")
     return (
         "<!doctype html><html><head><meta charset='utf-8'><title>workbench report</title></head><body>"

@@ -21,6 +21,10 @@ Per node (``node_health`` fields):
 - ``rss_bytes`` and ``mem_share``: their resident memory, and its share of the
   machine's memory (a dev-cluster node has no memory of its own: the share of
   the host's is what a node's share would be on a real one);
+- ``groups``: the same resident memory per replica group on the node (its
+  current attempt's processes there and their descendants), what the
+  dashboard's group tile shows where the trainer reports no accelerator
+  memory (on CPU);
 - ``net_sent_bytes``/``net_received_bytes`` and their rates: the node's link
   counters, where the node has one (a dev-cluster node); absent otherwise;
 - ``gpu_util_percent``, ``gpu_mem_bytes``: NVIDIA through ``nvidia-ml-py``
@@ -105,15 +109,17 @@ class Sampler:
                 return None
         return p
 
-    def sample(self, nodes: Iterable[tuple[str, list[int]]], now: Optional[float] = None) -> list[dict]:
-        """One record per node: ``nodes`` is (name, PIDs of its parts) each."""
+    def sample(self, nodes: Iterable[tuple], now: Optional[float] = None) -> list[dict]:
+        """One record per node: ``nodes`` is (name, PIDs of its parts) each, optionally with a third
+        item, {PID: (replica, attempt)}, for the per-group ``groups`` field."""
         now = time.time() if now is None else now
         if self._gpu is None:
             self._gpu = _Gpu()
         gpu = self._gpu.read() if self._gpu.read else {}
         out, seen = [], set()
-        for name, pids in nodes:
+        for name, pids, *owners in nodes:
             cpu = rss = 0.0
+            groups: dict[tuple[int, int], float] = {}
             for pid in pids:
                 top = self._proc(pid)
                 if top is None:
@@ -128,9 +134,13 @@ class Sampler:
                     seen.add(p.pid)
                     try:
                         cpu += p.cpu_percent(None)
-                        rss += p.memory_info().rss
+                        mine = p.memory_info().rss
                     except psutil.Error:
-                        pass
+                        continue
+                    rss += mine
+                    owner = owners[0].get(pid) if owners else None
+                    if owner is not None:
+                        groups[owner] = groups.get(owner, 0.0) + mine
             row = {
                 "node": name,
                 "cpu_percent": round(cpu, 1),
@@ -138,6 +148,10 @@ class Sampler:
                 "mem_share": round(rss / self.total_mem, 5),
                 **gpu,
             }
+            if groups:
+                row["groups"] = [
+                    {"replica": r, "attempt": a, "rss_bytes": int(b)} for (r, a), b in sorted(groups.items())
+                ]
             link = _link(name)
             if link is not None:
                 row["net_sent_bytes"], row["net_received_bytes"] = link
@@ -152,10 +166,16 @@ class Sampler:
         return out
 
 
-def nodes_of(state) -> list[tuple[str, list[int]]]:
-    """(node, PIDs of the current attempts' parts on it) from a run-state fold."""
-    rows = state.nodes.table(state.attempts())
-    return [(r["node"], [p["pid"] for p in r["parts"] if p.get("pid")]) for r in rows]
+def nodes_of(state) -> list[tuple[str, list[int], dict[int, tuple[int, int]]]]:
+    """(node, PIDs of the current attempts' parts on it, {PID: (replica, attempt)}) from a run-state fold."""
+    attempts = state.attempts()
+    out = []
+    for r in state.nodes.table(attempts):
+        parts = [p for p in r["parts"] if p.get("pid")]
+        out.append(
+            (r["node"], [p["pid"] for p in parts], {p["pid"]: (p["replica"], attempts[p["replica"]]) for p in parts})
+        )
+    return out
 
 
 def tile_line(health: Optional[dict]) -> str:

@@ -21,7 +21,8 @@ from workbench.events.fields import optional, required
 EXCEPTION = optional(
     "exception",
     "an exception that ended it: `type`, `message` and `frames` (the last few, innermost last: `file`, `line`, "
-    "`function`) (`workbench/events/tracebacks.py`)",
+    "`function`) (`workbench/events/tracebacks.py`); of a group's process read back from its stderr, also its "
+    "`rank`",
 )
 PROCESSES = optional(
     "processes",
@@ -77,7 +78,9 @@ STACKS = (
     optional("attempt", "the group's attempt"),
     optional(
         "processes",
-        "each process sampled: `pid`, `rank`, `where` (its innermost frame in the trainer's or torchft's code)",
+        "each process sampled: `pid`, `rank`, `where` (its innermost frame in the trainer's, torchft's or "
+        "torchtitan's code; the controller's: in the workbench's), `innermost` (its innermost frame of all, native "
+        "ones included), `thread` (whose frames those are), `error`",
     ),
     optional("error", "why a process could not be sampled"),
 )

@@ -112,6 +112,11 @@ class Kind(StrEnum):
         optional("participants", "replica groups in the quorum"),
         optional("quorum_id", "torchft's quorum"),
         optional("step_time_s", "seconds this step took"),
+        optional(
+            "comm_s",
+            "torchft-lite: seconds of the step in its gradient allreduce, waiting for its peers included "
+            "(the straggler score's own time is `step_time_s` less this)",
+        ),
         optional("tokens_per_s", "throughput"),
         optional("mem_gb", "peak accelerator memory"),
         optional("batch_seed", "the seed of the step's batch"),
@@ -324,6 +329,11 @@ class Kind(StrEnum):
         optional("net_received_bps", "its rate"),
         optional("gpu_util_percent", "NVIDIA or AMD, where a library sees a device"),
         optional("gpu_mem_bytes", "its memory used"),
+        optional(
+            "groups",
+            "per replica group with processes there: `replica`, `attempt` (its current one) and `rss_bytes`, "
+            "its processes' resident memory (the group tile's memory on CPU)",
+        ),
     )
     RUN_END = (
         "run_end",
@@ -371,6 +381,8 @@ class Kind(StrEnum):
         optional("replica", "the controller's: the group it is about"),
         optional("failed_rank", "ddp-restart's launcher: the rank that failed"),
         optional("exitcode", "ddp-restart's launcher: its exit code"),
+        optional("processes", "ddp-restart's launcher: how each worker ended, in order (as `exit`'s `processes`)"),
+        optional("first_failed", "ddp-restart's launcher: the rank of the first worker that ended unclean"),
     )
     STACKS = (
         "stacks",

@@ -39,8 +39,8 @@ class Writer(StrEnum):
         "control",
         "control-<pid>.jsonl",
         (
-            "a notebook, CLI or dashboard that injected a fault (or a fault's timed undo), or that ended a run or a "
-            "sweep whose controller was gone"
+            "a notebook, CLI or dashboard that injected a fault (or a fault's timed undo), took stacks, or that ended "
+            "a run or a sweep whose controller was gone"
         ),
     )
     SPARE = "spare", "spare-<i>.jsonl", "a hot spare until it is assigned a replica group"

@@ -45,6 +45,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from workbench import analysis
+from workbench.analysis.recovery import UNPLANNED
 from workbench.cluster import backend_names
 from workbench.errors import SpecError
 from workbench.events.reader import EventReader
@@ -166,6 +167,7 @@ def attach_matrix(matrix_dir: Union[str, os.PathLike]) -> "Matrix":
 def trial_outcome(events: list[dict], elastic: bool) -> dict:
     """One trial's outcome and recovery phases (seconds after the fault), from its events alone."""
     timeline = analysis.recovery_timeline(events)
+    timeline = timeline[timeline["action"] != UNPLANNED]  # the trial's own fault, not a crash beside it
     row = timeline.iloc[0] if len(timeline) else None
     out = {name: (float(row[col]) if row is not None else np.nan) for name, col in PHASES.items()}
     if run_state_of(events) != "completed":

@@ -26,16 +26,18 @@ from typing import Any, Callable, Mapping, Optional, Sequence, Union
 import pandas as pd
 
 from workbench import analysis, cluster
+from workbench.analysis import straggler
 from workbench.cluster.procs import Marker
 from workbench.errors import ControllerGone, SpecError
 from workbench.events.reader import EventReader, to_frame
 from workbench.faults import inject as faults
 from workbench.faults import kinds as faultkinds
-from workbench.run import detached, rundir, unwritten_end
+from workbench.run import detached, rundir, stacks, unwritten_end
 from workbench.spec import schedule
 from workbench.spec.load import load_spec
 from workbench.spec.models import Spec
 from workbench.spec.preflight import preflight
+from workbench.state import causes
 from workbench.state.fold import RunState
 from workbench.state.run_status import TERMINAL
 from workbench.trainers import trainer_kind
@@ -56,6 +58,7 @@ class Run:
         self._steps: Optional[analysis.StepColumns] = None
         self._lock = threading.RLock()
         self.run_state = RunState(self.spec.replicas, self.spec.steps)
+        self.run_state.ends.one_job = not trainer_kind(self.spec.trainer).elastic  # its ranks end together
         self._controller = _controller
         self._cluster: Optional[cluster.Cluster] = None
 
@@ -151,6 +154,7 @@ class Run:
         return {
             "state": st.state,
             "reason": st.end_reason,  # run_end's, None before it
+            "state_lost": st.state_lost,  # every group died with no peer holding the model state (total_loss)
             "trainer": self.spec.trainer,
             "cluster": self.spec.cluster,
             "steps_target": self.spec.steps,
@@ -161,11 +165,19 @@ class Run:
             "events_lost": st.events_lost,
             "controller": self.controller_gone() or "running",
             "replicas": {str(r): v.as_dict() for r, v in sorted(st.replicas.items())},
+            "ends": [c.as_dict() for c in st.ends],  # why each ended attempt ended (state/causes.py)
             "checkpoints": None if trainer_kind(self.spec.trainer).elastic else st.checkpoint_status(),
             "nodes": {
                 row["node"]: {k: v for k, v in row.items() if k != "node"} for row in st.nodes.table(st.attempts())
             },
+            "stragglers": straggler.summary(st),  # which group is slow, by score (analysis/straggler.py)
         }
+
+    def ends(self) -> pd.DataFrame:
+        """One row per ended attempt, in the order they ended: why (``cause``, ``summary``), whether it was
+        ``planned`` or ``injected``, and what the trainer, the backend and Slurm said (``workbench.state.causes``)."""
+        self.refresh()
+        return pd.DataFrame([c.row() for c in self.run_state.ends], columns=list(causes.ROW))
 
     def nodes(self) -> pd.DataFrame:
         """Every ``node_health`` sample (the controller's, ``workbench.controller.nodehealth``): one row per node per sample."""
@@ -244,6 +256,13 @@ class Run:
     ) -> dict:
         self.refresh()
         return faults.inject(self, action, target, origin=origin, seconds=seconds)
+
+    def stacks(self, replica: Union[int, str, None] = None, origin: str = "api") -> list[dict]:
+        """Sample the stacks of every process of group ``replica`` (None: of every group; ``"controller"``:
+        the controller) with py-spy (``workbench.run.stacks``); the ``stacks`` events written, one a group,
+        each naming its file under ``<run_dir>/stacks/`` and where each process is."""
+        self.refresh()
+        return stacks.take(self, replica, origin=origin)
 
     def stop(self, timeout: float = 30.0) -> dict:
         """Stop the run: the controller stops every job and the lighthouse.

@@ -21,11 +21,13 @@ from typing import Callable, Iterable, Optional
 from workbench.cluster.procs import Proc
 from workbench.events.states import RunEndReason
 from workbench.faults import kinds as faultkinds
+from workbench.state.causes import CauseLedger
 from workbench.state.checkpoints import CheckpointLedger
 from workbench.state.event_fields import int_or_zero, well_formed
 from workbench.state.nodes import NodeMap, hit_by
 from workbench.state.replica import ReplicaView
-from workbench.state.run_status import no_write_since, run_state
+from workbench.state.run_status import no_write_since, run_state, state_lost_text
+from workbench.state.steptimes import StepTimes
 
 MAX_REPLICAS = 4096
 
@@ -38,6 +40,7 @@ class RunState:
         self.replicas: dict[int, ReplicaView] = {r: ReplicaView(r) for r in range(replicas)}
         self.steps_planned = steps
         self.run_end: Optional[dict] = None
+        self.state_lost: Optional[dict] = None  # the last ``state_lost``: every group died, no peer held the state
         self.started = False
         self.stepped = False
         self.controller: Optional[Proc] = None
@@ -47,7 +50,9 @@ class RunState:
         self.spares: dict[int, Proc] = {}
         self.restores: list[dict] = []
         self.checkpoints = CheckpointLedger()
+        self.ends = CauseLedger()  # why each ended attempt ended (workbench.state.causes)
         self.nodes = NodeMap()  # which node each part of each group runs on (workbench.state.nodes)
+        self.step_times = StepTimes()  # each group's recent own step times (the straggler score's)
         self.max_committed = 0
         self.faults = self.restarts = self.heals = 0
         self.host_faults: dict = {}  # (kind, replica) -> a machine fault's event (hostfaults), until its resume
@@ -203,6 +208,7 @@ class RunState:
         if v is None or not v.progressed(e.get("step"), t):
             return
         v.waiting = None
+        self.step_times.add(v.replica, v.attempt, e, t)
         if isinstance(step, int):
             v.step = step
             if committed:
@@ -241,6 +247,7 @@ class RunState:
             self.nodes.fault(k.name, e["node"])
             for r in self.nodes.groups_on(e["node"], self.attempts()):
                 self.replicas[r].ended(k)
+                self.ends.fault(e, t, self.replicas[r])
         elif action == faultkinds.RESUME and hit_by(e.get("resumed"), e.get("node")):
             self.nodes.resume(e["node"])
         v = self.view(e.get("target")) if e.get("target") != "lighthouse" else None
@@ -254,6 +261,7 @@ class RunState:
             self.host_faults.pop((e.get("resumed"), v.replica), None)
         if k is not None and k.ends_process:
             v.ended(k)
+            self.ends.fault(e, t, v)
         elif k is not None and k.pauses_process:
             v.state = k.state_after or "hung"
             v.hang = {"t": t, "step": v.step, "seconds": e.get("seconds")}
@@ -284,6 +292,7 @@ class RunState:
         v = self.view(e.get("replica"))
         if v is not None:
             v.exited.add(int_or_zero(e.get("attempt")))
+            self.ends.exit(e, t, v)
         v = self._own(e)
         if v is None:
             return
@@ -304,6 +313,7 @@ class RunState:
         attempt = int_or_zero(e.get("attempt"))
         v.exited.add(attempt)
         v.ended_jobs.add(attempt)
+        self.ends.job(e, t, v)
         if not e.get("clean", True) and attempt >= v.attempt and v.state not in ("finished", "stopped"):
             v.state = "dead"
             v.dead_attempt = max(v.dead_attempt, attempt)
@@ -319,6 +329,9 @@ class RunState:
     def _on_run_end(self, e: dict, t: float) -> None:
         self.run_end = e
 
+    def _on_state_lost(self, e: dict, t: float) -> None:
+        self.state_lost = e
+
     def _on_write_gap(self, e: dict, t: float) -> None:
         self.write_gaps += 1
         self.events_lost += int_or_zero(e.get("lost"))
@@ -333,6 +346,8 @@ class RunState:
     def end_reason(self) -> Optional[str]:
         """Why the run ended (``run_end``'s ``reason``; for ``run_root_unwritable`` from when and why); None before."""
         end = self.run_end
+        if end is not None and end.get("reason") == RunEndReason.STATE_LOST:
+            return f"{end['reason']}: {state_lost_text(self.state_lost)}"
         if end is None or end.get("reason") != RunEndReason.RUN_ROOT_UNWRITABLE:
             return None if end is None else str(end.get("reason") or "")
         return f"{end['reason']}: {no_write_since(end.get('since'), end.get('error'))}; the controller stopped the run"

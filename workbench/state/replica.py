@@ -30,6 +30,7 @@ from typing import Optional
 
 from workbench.cluster.procs import Proc
 from workbench.faults.kinds import FaultKind
+from workbench.state.causes import EndCause
 
 REPLICA_STATES = ("pending", "starting", "participating", "healing", "hung", "dead", "finished", "stopped")
 
@@ -66,6 +67,7 @@ class ReplicaView:
     jobs: dict = dataclasses.field(default_factory=dict)  # attempt -> job id
     exited: set = dataclasses.field(default_factory=set)  # attempts that wrote exit or whose job ended
     ended_jobs: set = dataclasses.field(default_factory=set)  # attempts whose job the controller saw end
+    last_end: Optional[EndCause] = None  # why its newest ended attempt ended (``workbench.state.causes``)
 
     def heartbeat_age(self, now: Optional[float] = None) -> Optional[float]:
         if self.last_seen is None or self.state in ("dead", "finished", "stopped"):
@@ -97,6 +99,7 @@ class ReplicaView:
             "loss": self.loss,
             "restarts": self.restarts,
             "diverged_at": self.diverged_at,
+            "last_end": self.last_end.as_dict() if self.last_end is not None else None,
         }
 
     # -- transitions, applied by the fold ------------------------------------

@@ -21,6 +21,19 @@ def no_write_since(since: object, error: object) -> str:
     return f"the run root took no write from {when} ({error or 'no error recorded'})"
 
 
+def state_lost_text(lost: Optional[dict]) -> str:
+    """A ``state_lost`` event in words: the step whose model state no live process held, and what followed."""
+    if not lost:
+        return "model state lost (no state_lost event read)"
+    head = f"model state lost at step {lost.get('step')}: every replica group died with no live peer holding it"
+    action = lost.get("action")
+    if action == "resume":
+        return f"{head}; resumed from the {lost.get('source') or 'durable state'} of step {lost.get('resumed_from')}"
+    if action == "restart":
+        return f"{head}; trained on from scratch (on_state_loss: restart)"
+    return f"{head}; no durable state, the run failed (on_state_loss: fail)"
+
+
 def run_state(run_end: Optional[dict], started: bool, stepped: bool) -> str:
     if run_end is not None:
         return run_end.get("state") or "failed"

@@ -29,7 +29,7 @@ from workbench.analysis.figures import readable
 from workbench.analysis.wallclock import Replay, Snapshot, Timeline
 from workbench.trainers import trainer_kind
 from workbench.widgets.liveplot import LivePlot, live_spec, plain, plotly_lib
-from workbench.widgets.lossplot import MARKER_STYLE
+from workbench.widgets.lossplot import LEGEND_BELOW, MARKER_STYLE
 from workbench.widgets.panels import backlog_html, grid_html, show
 from workbench.widgets.state import DashboardState
 
@@ -98,11 +98,11 @@ def clock_figure(replicas: int):
     )
     fig.update_layout(
         height=440,
-        margin=dict(l=60, r=10, t=40, b=40),
+        margin=dict(l=60, r=10, t=40, b=70),
         uirevision="keep",
         hovermode="closest",
         title=dict(text="over wall-clock time", x=0.01, font=dict(size=13)),
-        legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+        legend=LEGEND_BELOW,
     )
     fig.update_yaxes(title_text="samples/s", rangemode="tozero", row=1, col=1)
     fig.update_yaxes(title_text="quorum", range=[0, replicas + 0.5], row=2, col=1)

@@ -5,7 +5,8 @@ is shown; the dashboard composes the views that render it: the loss plot
 (:mod:`~workbench.widgets.lossplot`), the HTML panels
 (:mod:`~workbench.widgets.panels`), the wall-clock plots and time scrubber
 (:mod:`~workbench.widgets.clockview`) and the fault controls
-(:mod:`~workbench.widgets.faultcontrols`, ``run.fault(..., origin="button")``).
+(:mod:`~workbench.widgets.faultcontrols`, ``run.fault(..., origin="button")``),
+and the newest stacks of each group (:mod:`~workbench.widgets.stacks`, ``run.stacks``).
 
 A dashboard reads no event log of its own: it shares its ``Run``'s reader
 and run-state fold, and subscribes to the fold for the presentation part
@@ -44,6 +45,7 @@ from workbench.widgets.clockview import WallClockView
 from workbench.widgets.faultcontrols import FaultControls
 from workbench.widgets.liveplot import LivePlot, live_spec, plotly_lib
 from workbench.widgets.lossplot import MARKER_NAMES, loss_figure, marker_traces
+from workbench.widgets.stacks import StacksPanel
 from workbench.widgets.state import STATES, DashboardState
 from workbench.widgets.updater import Updater, active
 
@@ -116,8 +118,11 @@ class Dashboard(w.VBox):
                 self.backlog_panel,
                 self.node_panel,
                 self.quorum_panel,
-                w.HBox([self.checkpoint_panel, self.heal_panel]),
+                w.HBox(
+                    [self.checkpoint_panel, self.heal_panel], layout=w.Layout(flex_flow="row wrap", grid_gap="4px 32px")
+                ),
                 *([self.controls] if self.faults else []),
+                self.stacks,
                 self.tail_panel,
             ],
             **kwargs,
@@ -148,11 +153,13 @@ class Dashboard(w.VBox):
         self.tiles = w.HTML().add_class("wb-tiles-panel")
         self.node_panel = w.HTML().add_class("wb-nodes")
         self.quorum_panel = w.HTML().add_class("wb-quorum")
-        self.checkpoint_panel = w.HTML(layout=w.Layout(width="50%")).add_class("wb-checkpoints")
-        self.heal_panel = w.HTML(layout=w.Layout(width="50%")).add_class("wb-heals")
+        # side by side where both tables fit on one line per row, one above the other where not
+        self.checkpoint_panel = w.HTML(layout=w.Layout(flex="0 1 auto")).add_class("wb-checkpoints")
+        self.heal_panel = w.HTML(layout=w.Layout(flex="0 1 auto", overflow="auto")).add_class("wb-heals")
         self.tail_panel = w.HTML().add_class("wb-tail-panel")
 
         self.controls = FaultControls(self.run, replicas, enabled=self.faults)
+        self.stacks = StacksPanel(self.run, replicas, button=self.faults)
         self.replica_picker = self.controls.replica_picker
         self.action_picker = self.controls.action_picker
         self.hang_seconds = self.controls.hang_seconds
@@ -227,6 +234,7 @@ class Dashboard(w.VBox):
             show(self.checkpoint_panel, panels.checkpoints_html(s))
             show(self.heal_panel, panels.heals_html(s))
             show(self.tail_panel, panels.tail_html(s))
+            self.stacks.render()
             self._render_loss(force_plot)
             self._render_classroom(force_plot)
 
@@ -257,6 +265,7 @@ class Dashboard(w.VBox):
         self._updater.stop(timeout)
         self._unsubscribe()
         self.wallclock.stop()
+        self.stacks.stop()
         self.render()
 
     def _show_update_error(self, e: Exception) -> None:

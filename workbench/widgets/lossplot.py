@@ -23,6 +23,9 @@ MARKER_NAMES = {
     "diverged": "diverged",
     "sync": "syncs",
 }
+# Below the plot, from the figure's bottom edge: above it, at the top right, plotly's toolbar
+# (which appears on hover) covers it (tests/browser/test_classroom.py measures both boxes).
+LEGEND_BELOW = dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left")
 MARKER_STYLE = {
     "fault": dict(symbol="x", size=13, color="#d50000", line=dict(width=1, color="#7f0000")),
     "heal": dict(symbol="triangle-up", size=12, color="#00c853", line=dict(width=1, color="#1b5e20")),
@@ -66,11 +69,11 @@ def loss_figure(replicas: int) -> go.Figure:
         traces,
         layout=dict(
             height=380,
-            margin=dict(l=60, r=10, t=50, b=50),
+            margin=dict(l=60, r=10, t=50, b=80),
             title=dict(text="loss", x=0.01, font=dict(size=13)),
             xaxis=dict(title=dict(text="step")),
             yaxis=dict(title=dict(text="loss")),
-            legend=dict(orientation="h", y=1.02, yanchor="bottom", x=1, xanchor="right"),
+            legend=LEGEND_BELOW,
             uirevision="keep",
             hovermode="closest",
         ),

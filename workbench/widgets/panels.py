@@ -17,6 +17,7 @@ from typing import Any, Optional
 
 import ipywidgets as w
 
+from workbench.analysis import straggler
 from workbench.analysis.wallclock import STATE_COLORS
 from workbench.widgets.state import STATES, DashboardState
 
@@ -24,8 +25,11 @@ STYLE = """<style>
 .wb-tiles{display:flex;flex-wrap:wrap;gap:6px}
 .wb-tile{border-radius:6px;padding:6px 8px;min-width:150px;font:12px/1.35 monospace;color:#fff}
 .wb-tile b{font-size:13px}
+.wb-tile{max-width:340px}
+.wb-cause{font-weight:bold;overflow-wrap:anywhere}
 .wb-table{font:12px monospace;border-collapse:collapse}
 .wb-table td,.wb-table th{padding:1px 8px;text-align:right;border-bottom:1px solid #ddd}
+.wb-nowrap td,.wb-nowrap th{white-space:nowrap}
 .wb-tail{font:11px/1.3 monospace;margin:0;white-space:pre-wrap}
 .wb-grid{display:grid;grid-template-columns:repeat(auto-fill,minmax(64px,1fr));gap:3px;max-width:900px}
 .wb-cell{border-radius:3px;padding:2px 3px;font:bold 12px/1.2 monospace;color:#fff;text-align:center}
@@ -84,13 +88,33 @@ def header_html(s: DashboardState, run_name: str, trainer: str, replicas: int, p
     )
 
 
+def memory_text(s: DashboardState, replica: int, t) -> str:
+    """A tile's memory: the trainer's peak accelerator memory, else its processes' resident memory
+    (the controller's ``node_health`` samples, on CPU); empty when neither is known."""
+    if t.mem_gb is not None:
+        return f"accel mem {fmt(t.mem_gb, '.2f', ' GB')}"
+    rss = s.rss_bytes(replica)
+    return f"rss {decimal_bytes(rss)}" if rss is not None else ""
+
+
+def score_html(score: Optional[straggler.Score]) -> str:
+    """A tile's straggler score (``analysis.straggler``): relative/individual, ``slow`` when flagged."""
+    if score is None:
+        return ""
+    rel = "–" if score.relative is None else f"{score.relative:.2f}"
+    slow = " · <b class='wb-straggler'>slow</b>" if score.flagged else ""
+    return f" · <span class='wb-score' data-relative='{rel}' data-flagged='{str(score.flagged).lower()}'>score {rel}/{score.individual:.2f}</span>{slow}"
+
+
 def tiles_html(s: DashboardState) -> str:
-    """One tile per group: state, step, attempt, heartbeat age, speed, memory, hosts."""
+    """One tile per group: state, step, attempt, heartbeat age, speed and straggler score, memory, hosts."""
     now = time.time()
+    scores = straggler.scores(s.run)
     parts = ["<div class='wb-tiles'>"]
     for r, t in sorted(s.tiles.items()):
         age = t.heartbeat_age(now)
-        hosts = ", ".join(t.hosts) or "–"
+        last = " · ".join(x for x in (memory_text(s, r, t), html.escape(", ".join(t.hosts))) if x)
+        end = s.end_shown(r)
         parts.append(
             f"<div class='wb-tile' data-replica='{r}' data-state='{t.state}' data-attempt='{t.attempt}' "
             f"data-step='{t.step if t.step is not None else ''}' data-diverged='{fmt(t.diverged_at) if t.diverged_at is not None else ''}' "
@@ -104,13 +128,21 @@ def tiles_html(s: DashboardState) -> str:
                 else ""
             )
             + (f" · <b class='wb-impaired'>{fmt(t.impaired['kind'])}</b>" if t.impaired else "")
+            + (
+                f"<br><span class='wb-cause' data-attempt='{end.attempt}' data-injected='{str(end.injected is not None).lower()}'>"
+                f"attempt {end.attempt} ended: {html.escape(end.summary())}</span>"
+                if end is not None
+                else ""
+            )
             + "<br>"
             f"step {fmt(t.step)} · attempt {t.attempt}"
             + (f" · {t.steps_lost} steps redone" if t.steps_lost else "")
             + "<br>"
             f"heartbeat {fmt(age, '.1f', ' s')} ago<br>"
-            f"step {fmt(t.step_time_s and t.step_time_s * 1000, '.0f', ' ms')} · {fmt(t.tokens_per_s, ',.0f')} tok/s<br>"
-            f"mem {fmt(t.mem_gb, '.2f', ' GB')} · {html.escape(hosts)}</div>"
+            f"step {fmt(t.step_time_s and t.step_time_s * 1000, '.0f', ' ms')} · {fmt(t.tokens_per_s, ',.0f')} tok/s"
+            + score_html(scores.get(r))
+            + (f"<br><span class='wb-tile-mem'>{last}</span>" if last else "")
+            + "</div>"
         )
     parts.append("</div>")
     return "".join(parts)
@@ -213,7 +245,7 @@ def checkpoints_html(s: DashboardState) -> str:
         or "<tr><td colspan=5>no durable checkpoint yet</td></tr>"
     )
     return (
-        "<b>durable checkpoints</b><table class='wb-table'><tr><th>replica</th><th>step</th><th>age</th>"
+        "<b>durable checkpoints</b><table class='wb-table wb-nowrap'><tr><th>replica</th><th>step</th><th>age</th>"
         f"<th>size</th><th>write</th></tr>{rows}</table>"
     )
 
@@ -229,7 +261,7 @@ def heals_html(s: DashboardState) -> str:
         or "<tr><td colspan=6>no peer heal yet</td></tr>"
     )
     return (
-        "<b>peer-heal transfers</b><table class='wb-table'><tr><th>replica</th><th>from</th><th>step</th>"
+        "<b>peer-heal transfers</b><table class='wb-table wb-nowrap'><tr><th>replica</th><th>from</th><th>step</th>"
         f"<th>time</th><th>bytes</th><th>rate · route</th></tr>{rows}</table>"
     )
 

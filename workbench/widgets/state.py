@@ -22,82 +22,35 @@ import numpy as np
 
 from workbench.controller import nodehealth
 from workbench.faults import kinds as faultkinds
+from workbench.state.causes import EndCause
 from workbench.state.fold import RunState
 from workbench.state.replica import REPLICA_STATES, ReplicaView
+from workbench.widgets.series import LossSeries, decimate
 
 Tile = ReplicaView
 
 STATES = REPLICA_STATES
 MARKER_KINDS = ("fault", "heal", "checkpoint", "restore", "diverged", "sync")
-QUIET_KINDS = frozenset({"step", "heartbeat", "commit"})
+# Periodic samples: each group writes them every step or every few seconds, the controller one
+# ``node_health`` per node every 2 s. Their news is in the tiles and the health panels; in the
+# feed they would push a kill, a heal or an end out of its few lines within seconds.
+PERIODIC_KINDS = frozenset({"step", "heartbeat", "commit", "node_health"})
+# The states in which a tile says why the group's last attempt ended, until the group takes part again.
+CAUSE_STATES = frozenset({"dead", "pending", "starting", "healing"})
 
 
-class Series:
-    """A growing float64 column with amortised O(1) append and a zero-copy view."""
+def in_feed(e: dict) -> bool:
+    """Whether ``e`` belongs in the "latest events" feed: what happens once, not a periodic sample.
 
-    def __init__(self, capacity: int = 1024) -> None:
-        self._buf = np.empty(capacity, dtype=np.float64)
-        self.n = 0
-
-    def append(self, value: float) -> None:
-        if self.n == len(self._buf):
-            self._buf = np.concatenate([self._buf, np.empty(len(self._buf), dtype=np.float64)])
-        self._buf[self.n] = value
-        self.n += 1
-
-    @property
-    def values(self) -> np.ndarray:
-        return self._buf[: self.n]
-
-
-class LossSeries:
-    """One replica group's loss points: wall time, step, loss, attempt."""
-
-    def __init__(self) -> None:
-        self.t, self.step, self.loss, self.attempt = Series(), Series(), Series(), Series()
-        self.version = 0
-
-    def append(self, t: float, step: float, loss: float, attempt: int) -> None:
-        self.t.append(t)
-        self.step.append(step)
-        self.loss.append(loss)
-        self.attempt.append(attempt)
-        self.version += 1
-
-    def __len__(self) -> int:
-        return self.t.n
-
-    def at_time(self, t: float) -> Optional[tuple[float, float]]:
-        """(step, loss) of the last point at or before ``t`` (the first point if none)."""
-        if not len(self):
-            return None
-        i = int(np.searchsorted(self.t.values, t, side="right")) - 1
-        i = min(max(i, 0), len(self) - 1)
-        return float(self.step.values[i]), float(self.loss.values[i])
-
-
-def decimate(x: np.ndarray, max_points: int) -> np.ndarray:
-    """Indices that keep the shape of ``x`` in at most ~``max_points`` points.
-
-    The series is cut into ``max_points // 2`` equal index buckets and each
-    bucket keeps its minimum and its maximum (in index order), plus the first
-    and last point overall, so spikes (a loss jump after a fault) survive.
+    A ``sync`` is one of each group's outer syncs (periodic, and marked on the loss plot); one that
+    did not commit, or a new attempt's joining sync, is news.
     """
-    n = len(x)
-    if n <= max_points:
-        return np.arange(n)
-    buckets = max(1, max_points // 2)
-    width = n // buckets
-    body = x[: width * buckets].reshape(buckets, width)
-    clean = np.where(np.isnan(body), np.inf, body)
-    lo = clean.argmin(axis=1)
-    hi = np.where(np.isnan(body), -np.inf, body).argmax(axis=1)
-    base = np.arange(buckets) * width
-    idx = np.concatenate([base + lo, base + hi, [0, n - 1]])
-    if width * buckets < n:
-        tail = np.arange(width * buckets, n)
-        idx = np.concatenate([idx, tail[[x[tail].argmin(), x[tail].argmax()]] if len(tail) > 1 else tail])
-    return np.unique(idx)
+    kind = e.get("kind")
+    if kind in PERIODIC_KINDS:
+        return False
+    if kind == "sync":
+        return e.get("committed", True) is False or bool(e.get("join"))
+    return True
 
 
 @dataclasses.dataclass
@@ -137,6 +90,8 @@ class DashboardState:
         self.quorum_version = 0
         self._diverged: set = set()
         self._synced: set = set()  # sync_index values marked (every group reports each sync)
+        self._node_groups: dict[str, dict[int, tuple[int, int]]] = {}  # node -> replica -> (attempt, RSS)
+        self._took_part: dict[int, int] = {}  # replica -> its newest attempt with a committed, participating step
 
     # -- what the fold knows -----------------------------------------------------
     @property
@@ -171,6 +126,25 @@ class DashboardState:
             for row in self.run.nodes.table(self.run.attempts())
         ]
 
+    def rss_bytes(self, replica: int) -> Optional[int]:
+        """The resident memory of ``replica``'s current attempt, summed over its nodes, from the newest
+        ``node_health`` sample of each (None: no sample has it, or the group is not running)."""
+        view = self.run.replicas.get(replica)
+        if view is None or view.state in ("dead", "finished", "stopped"):
+            return None
+        found = [g[replica][1] for g in self._node_groups.values() if g.get(replica, (None,))[0] == view.attempt]
+        return sum(found) if found else None
+
+    def end_shown(self, replica: int) -> Optional[EndCause]:
+        """The end a tile explains: the group's newest ended attempt's, if that end was not planned
+        (a failure, or an injected fault), while the group is dead or on its way back
+        (:data:`CAUSE_STATES`) and has not taken part in a committed step since."""
+        view = self.run.replicas.get(replica)
+        end = view.last_end if view is not None else None
+        if end is None or end.planned or view.state not in CAUSE_STATES:
+            return None
+        return None if self._took_part.get(replica, -1) > end.attempt else end
+
     # -- folding ---------------------------------------------------------------
     def apply(self, events: Iterable[dict]) -> int:
         """Fold new events in (the run state too, when this state owns it); returns how many."""
@@ -183,7 +157,7 @@ class DashboardState:
         """The presentation part of the fold, for events the run state has already applied."""
         for e in events:
             kind = e.get("kind")
-            if kind not in QUIET_KINDS:
+            if in_feed(e):
                 self.tail.append(e)
             handler = getattr(self, f"_on_{kind}", None)
             if handler is not None:
@@ -201,6 +175,15 @@ class DashboardState:
             self.loss[view.replica] = LossSeries()
         return self.loss[view.replica]
 
+    def _on_node_health(self, e: dict, t: float) -> None:
+        groups = e.get("groups") if isinstance(e.get("groups"), list) else []  # none: no group there now
+        if isinstance(e.get("node"), str):
+            self._node_groups[e["node"]] = {
+                g["replica"]: (g.get("attempt"), g["rss_bytes"])
+                for g in groups
+                if isinstance(g, dict) and isinstance(g.get("replica"), int) and isinstance(g.get("rss_bytes"), int)
+            }
+
     def _on_phase(self, e: dict, t: float) -> None:
         if e.get("checkpoint_address"):
             self._checkpoint_servers[e["checkpoint_address"]] = e.get("replica")
@@ -215,6 +198,14 @@ class DashboardState:
             )
 
     def _on_step(self, e: dict, t: float) -> None:
+        r, a = e.get("replica"), e.get("attempt")
+        if (
+            isinstance(r, int)
+            and isinstance(a, int)
+            and e.get("participating") is not False
+            and e.get("committed", True)
+        ):
+            self._took_part[r] = max(a, self._took_part.get(r, -1))
         series = self._series(e.get("replica"))
         loss = e.get("loss")
         # A healing step's loss is its forward on the weights it had before the heal: not plotted.

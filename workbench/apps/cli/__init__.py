@@ -7,7 +7,7 @@ This package is the command line's grammar (:func:`build_parser`) and its
 entry point (:func:`main`, the ``workbench`` console script; ``python -m
 workbench.apps.cli`` runs it too). The commands are in one module per group:
 :mod:`.runs` (one run: demo, submit, validate, status, wait, stop, metrics,
-summary, kill, replay), :mod:`.experiments` (sweep, matrix, drill, ls),
+summary, kill, replay), :mod:`.why` (why each attempt ended), :mod:`.experiments` (sweep, matrix, drill, ls),
 :mod:`.views` (serve-metrics, report, classroom), :mod:`.project`, and
 :mod:`.plugins`, the table of commands named as ``"module:function"`` and
 imported only when run (``cluster``: development tooling that no production
@@ -22,7 +22,7 @@ from typing import Optional, Sequence
 
 from workbench.apps.classroom import DEFAULT_PORT
 from workbench.apps.cli.experiments import cmd_drill, cmd_ls, cmd_matrix, cmd_sweep
-from workbench.apps.cli.plugins import PLUGINS, cmd_plugin
+from workbench.apps.cli.plugins import PLUGINS, cmd_plugin, load
 from workbench.apps.cli.project import PROJECT_FLAGS, cmd_project
 from workbench.apps.cli.runs import (
     cmd_demo,
@@ -37,6 +37,7 @@ from workbench.apps.cli.runs import (
     cmd_wait,
 )
 from workbench.apps.cli.views import cmd_classroom, cmd_report, cmd_serve_metrics
+from workbench.apps.cli.why import cmd_why
 from workbench.errors import ControllerGone, FaultError, SpecError
 from workbench.faults import kinds as faultkinds
 from workbench.run.handle import KILL_ALIASES
@@ -78,6 +79,13 @@ def build_parser() -> argparse.ArgumentParser:
         if name == "metrics":
             s.add_argument("--csv", action="store_true")
         s.set_defaults(fn=fn)
+
+    s = sub.add_parser("why", help="why each attempt of a run ended: cause, exception, the job's last lines")
+    s.add_argument("run", help="run directory")
+    s.add_argument("--replica", type=int, default=None, help="only this replica group's ends")
+    s.add_argument("--attempt", type=int, default=None, help="only this attempt's end")
+    s.add_argument("--lines", type=int, default=20, help="last lines of each of the job's log files (default 20)")
+    s.set_defaults(fn=cmd_why)
 
     s = sub.add_parser("kill", help="inject a fault into a replica group (or the lighthouse)")
     s.add_argument("run")
@@ -208,7 +216,10 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    args = build_parser().parse_args(argv)
+    given = list(sys.argv[1:] if argv is None else argv)
+    if given and given[0] in PLUGINS:  # its own parser: its --help, and options before its positionals
+        return load(PLUGINS[given[0]][0])(given[1:])
+    args = build_parser().parse_args(given)
     try:
         return args.fn(args)
     except (SpecError, FaultError, ValueError, TimeoutError, ControllerGone) as e:

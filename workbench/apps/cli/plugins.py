@@ -18,7 +18,11 @@ import importlib
 from typing import Callable
 
 # name: ("module:function", help)
-PLUGINS = {"cluster": ("workbench.devcluster:main", "local Slurm cluster: up | down | status")}
+PLUGINS = {
+    "cluster": ("workbench.devcluster:main", "local Slurm cluster: up | down | status"),
+    "stacks": ("workbench.apps.cli.stacks:main", "where RUN's groups are stuck: every process's stack (py-spy)"),
+    "timeouts": ("workbench.apps.cli.timeouts:main", "timeouts recommended from a measured RUN, checked against it"),
+}
 
 
 def load(target: str) -> Callable[[list[str]], int]:

@@ -10,10 +10,12 @@ from __future__ import annotations
 import json
 import sys
 
+from workbench.analysis import straggler
 from workbench.run.handle import ENDED, attach, submit
 from workbench.run.replay import replay
 from workbench.spec.load import load_spec
 from workbench.spec.preflight import preflight
+from workbench.state.run_status import state_lost_text
 
 
 def print_summary(summary: dict) -> None:
@@ -30,6 +32,8 @@ def print_summary(summary: dict) -> None:
         f"  survivor steps lost   {summary['survivor_steps_lost']}   (discarded attempts: {summary['survivor_steps_discarded']})"
     )
     print(f"  survivor stall        {fmt(summary['survivor_stall_s'], ' s')} beyond a normal step")
+    if summary.get("state_lost"):
+        print(f"  model state lost      {state_lost_text(summary['state_lost'])}")
     print(f"  kill -> rejoin        {fmt(summary['kill_to_rejoin_s'], ' s')}")
     heal_bytes = summary["heal_bytes"]
     print(
@@ -97,10 +101,16 @@ def cmd_status(args) -> int:
         )
         if st["reason"]:
             print(f"  ended: {st['reason']}")
+        if st.get("state_lost") and not (st["reason"] or "").startswith("state_lost"):
+            print(f"  {state_lost_text(st['state_lost'])}")
         if st["reason"] is None and st["controller"] != "running":  # gone without run_end: why, and its trace
             print(f"  {st['controller']}")
+        failed = {str(e["replica"]): e for e in st["ends"] if not e["planned"]}  # each group's last unplanned end
         for r, s in st["replicas"].items():
-            print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}")
+            end = f"  last end: attempt {failed[r]['attempt']}, {failed[r]['summary']}" if r in failed else ""
+            print(f"  replica {r}: {s['state']:<13} attempt {s['attempt']}  step {s['step']}{end}")
+        if straggler.line(st["stragglers"]):
+            print(straggler.line(st["stragglers"]))
         ck = st.get("checkpoints")
         if ck is not None:
             last = ck["last_durable"]
