@@ -189,10 +189,11 @@ def test_a_throttled_group_has_the_worst_score_within_10_steps_and_a_fault_free_
     Replayed from the events step by step, as the fold computed them (``Run.status()``'s scores):
     from some step k <= 10 after the fault event through its 10th step, the throttled group is
     worst at each of its steps, and at its 10th its relative score is lower than any group's in
-    the fault-free minute (measured over 6 faults: k = 1-2, median 1; relative 0.48-0.53 at the
-    10th step against a fault-free lowest of 0.84-0.88; flagged (< 0.5) at its 10th-12th step).
+    the fault-free minute (measured over 12 faults, 4 runs at load 2-4.6: k = 1-2, median 1;
+    relative 0.48-0.72 at the 10th step, against a fault-free lowest of 0.84-0.88; flagged
+    (< 0.5) at its 10th-12th step at load 2, not within 12 steps at load 4).
     Worst at one step alone would prove little: some group is always worst, a third of the time
-    each by chance (a scorer on ``step_time_s`` alone, replayed on a run of this test, was "worst"
+    each by chance (a scorer on ``step_time_s`` alone, replayed on a run of this setup, was "worst"
     at step 1-10 too, at 0.95-0.99). Live, ``Run.status()`` ranks it worst during the fault; the
     fault's cgroup is gone after its undo. Fault-free, no score sample flagged a group.
     """
