@@ -138,8 +138,8 @@ def tiles_html(s: DashboardState) -> str:
             f"step {fmt(t.step)} · attempt {t.attempt}"
             + (f" · {t.steps_lost} steps redone" if t.steps_lost else "")
             + "<br>"
-            f"heartbeat {fmt(age, '.1f', ' s')} ago<br>"
-            f"step {fmt(t.step_time_s and t.step_time_s * 1000, '.0f', ' ms')} · {fmt(t.tokens_per_s, ',.0f')} tok/s"
+            + (f"heartbeat {fmt(age, '.1f', ' s')} ago<br>" if age is not None else "")
+            + f"step {fmt(t.step_time_s and t.step_time_s * 1000, '.0f', ' ms')} · {fmt(t.tokens_per_s, ',.0f')} tok/s"
             + score_html(scores.get(r))
             + (f"<br><span class='wb-tile-mem'>{last}</span>" if last else "")
             + "</div>"
