@@ -15,8 +15,8 @@ the ``job`` says after (the SIGKILL of a dashboard kill is that kill, not a deat
 trainer's ranks (ddp-restart, MaxText: ``CauseLedger.one_job``) end together, so a fault that ends one of
 its processes explains every rank's end of that attempt and the job's. Otherwise the end is *planned*
 (the trainer completed, was stopped, or the scheduler preempted it: no failure) or a failure, whose
-cause is read in this order: the kernel's OOM killer, the rank that failed first, an exception, Slurm's
-state, the signal, the exit code, the ``exit``'s ``error`` line.
+cause is read in this order: the kernel's OOM killer, the rank that failed first (what it raised, else its
+signal or exit code), an exception, Slurm's state, the signal, the exit code, the ``exit``'s ``error`` line.
 """
 
 from __future__ import annotations
@@ -230,6 +230,14 @@ class EndCause:
                     return f"exit code {p['exit_code']}"
         return None
 
+    def _first_failed_exception(self) -> Optional[dict]:
+        """The exception of the rank that failed first, if that rank exited (one a signal killed raised nothing,
+        whatever its stderr holds); one that names another rank is a peer's, no cause."""
+        exc, how = self.exception, self._rank_how()
+        if exc is None or self.first_failed is None or (how or "").startswith("SIG"):
+            return None
+        return exc if exc.get("rank", self.first_failed) == self.first_failed else None
+
     def cause(self) -> str:
         """The cause in a small fixed vocabulary (a Prometheus label): ``injected:<kind>``, ``completed``,
         ``stopped``, ``preempted``, ``oom``, ``exception``, ``slurm:<STATE>``, a signal's name, ``exit_code``,
@@ -240,6 +248,8 @@ class EndCause:
             return self.reason if self.reason in PLANNED_REASONS else "preempted"
         if self.oom:
             return "oom"
+        if self._first_failed_exception() is not None:
+            return "exception"
         how = self._rank_how() if self.first_failed is not None else None
         if how is not None:
             return how if how.startswith("SIG") else "exit_code"
@@ -273,6 +283,10 @@ class EndCause:
             rank = f" (rank {self.first_failed})" if self.first_failed is not None else ""
             return f"killed by the kernel's OOM killer{at}{rank}"
         if self.first_failed is not None:
+            exc = self._first_failed_exception()
+            if exc is not None:  # what it raised, and where, says more than its exit code 1
+                w = where(exc)
+                return f"rank {self.first_failed} failed first: {one_line(exc)}{at}" + (f" ({w})" if w else "")
             how = self._rank_how() or (one_line(self.exception) if self.exception else None)
             line = f"rank {self.first_failed} failed first" + (f": {how}" if how else "") + at
             return line + (" (not injected)" if how and how.startswith("SIG") else "")
