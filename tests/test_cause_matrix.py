@@ -31,7 +31,7 @@ from .conftest import local_slurm, slurm_prerequisites, slurm_submitter, workben
 
 # torchft-lite's 3000 steps take 150 s at the least: within Slurm's time limit, and long past the test's end.
 LITE = ["steps=3000", "faults=[]", "replicas=2", "min_replicas=1", "model.step_delay_s=0.05"]
-LITE_RAISE_AT = 150  # 7.5 s in: group 1 has joined by then (a group that joins late heals to its peer's step)
+LITE_RAISE_AT = 150  # 7.5 s in (the hook fires at the first step at or past it)
 TITAN = {
     "steps": 100000,
     "faults": [],
@@ -182,9 +182,11 @@ def _check_exception(run, replica: int, attempt: int, summary_head: str, frame: 
 def test_lite_exception_on_slurm_is_told_with_its_frame_and_slurms_state(where, launch, monkeypatch):
     _raise_at(monkeypatch, LITE_RAISE_AT, replica=1)
     run = launch(where, "demo", LITE)
-    message = raise_hook.MESSAGE.format(step=LITE_RAISE_AT, replica=1, rank=0, attempt=0)
     _stepped(run, 1, 1)  # relaunched as usual
-    head = f"RuntimeError: {message} at step {LITE_RAISE_AT}"
+    step = _of(run, "exit", 1, 0)[0]["step"]  # the first step at or past LITE_RAISE_AT
+    assert step >= LITE_RAISE_AT
+    message = raise_hook.MESSAGE.format(step=step, replica=1, rank=0, attempt=0)
+    head = f"RuntimeError: {message} at step {step}"
     delay = _check_exception(run, 1, 0, head, ("trainers/raise_hook.py", "maybe_raise"))
     _check_slurm(where, run, _job(run, 1, 0), 1, 0)
     print(f"\ntorchft-lite, {where}: exception -> job event {delay:.2f} s")

@@ -555,8 +555,10 @@ def test_a_real_run_tells_an_exception_an_injected_kill_and_a_segfault_apart(sta
     assert "(not injected)" in status and "kill from the CLI at step " in status, status
     why = workbench_cli("why", str(run.run_dir), "--replica", "1", "--attempt", "0", "--lines", "5")
     assert why.returncode == 0, why.stderr
-    message = raise_hook.MESSAGE.format(step=5, replica=1, rank=0, attempt=0)
-    assert why.stdout.startswith(f"replica 1 attempt 0: RuntimeError: {message} at step 5"), why.stdout
+    (raised,) = [e for e in run.events_read if e["kind"] == "exit" and (e["replica"], e["attempt"]) == (1, 0)]
+    step = raised["step"]  # the first step at or past 5: a group that joined late heals past step 5
+    message = raise_hook.MESSAGE.format(step=step, replica=1, rank=0, attempt=0)
+    assert why.stdout.startswith(f"replica 1 attempt 0: RuntimeError: {message} at step {step}"), why.stdout
     assert re.search(r'/workbench/trainers/raise_hook\.py", line \d+, in maybe_raise\n', why.stdout), why.stdout
     assert "  last 5 lines of jobs/" in why.stdout, why.stdout
 
