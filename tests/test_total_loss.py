@@ -22,13 +22,17 @@ LITE = {"replicas": 2, "min_replicas": 1, "faults": [], "steps": 160}
 
 
 def kill_every_group(run) -> dict[int, int]:
-    """SIGKILL each group's current process, by the PID the fold names; {replica: the step it had committed}."""
+    """SIGKILL each group's current process, by the PID the fold names; {replica: the last step its attempt 0
+    committed, read back from its events once both jobs are seen ended (a step can commit between the fold's
+    last read and the signal)}."""
     run.refresh()
-    views = run.run_state.replicas
-    pids = {r: v.proc.pid for r, v in views.items()}
+    pids = {r: v.proc.pid for r, v in run.run_state.replicas.items()}
     for pid in pids.values():
         os.kill(pid, signal.SIGKILL)
-    return {r: v.committed_step for r, v in views.items()}
+    ended = lambda r: {(e["replica"], e["attempt"]) for e in r.events_read if e["kind"] == "job"} >= {(0, 0), (1, 0)}  # noqa: E731
+    run.wait_for(ended, timeout=60)
+    steps = [e for e in run.events_read if e["kind"] == "step" and e.get("attempt") == 0 and e.get("committed", True)]
+    return {r: max((e["step"] for e in steps if e["replica"] == r), default=0) for r in pids}
 
 
 def wait_until_both_committed(run, step: int, timeout: float = 180) -> None:

@@ -25,10 +25,11 @@ nothing, even when it runs: with no peer ahead of it, it trains from scratch.
 When an attempt ends and no attempt left holds the state, while the run had
 committed steps since its state last began (step 0, or what it resumed from),
 the state is lost: the watch writes ``state_lost`` (``step``: the newest
-committed step; none where durable state holds that very step, as after a
-preemption that saved) with its ``action``:
+committed step) with its ``action``:
 
-- ``resume`` when durable state exists: the newest durable ``checkpoint`` in the
+- ``resume`` when durable state exists (also when it holds that very step, as
+  after a preemption that saved: the run still says every group died and what it
+  resumed from): the newest durable ``checkpoint`` in the
   fold's ledger (TorchTitan's own checkpoints; torchft-lite's snapshots,
   ``torchft.snapshot_every``, ``trainers/lite/snapshot.py``). The trainers load
   it themselves before their first quorum, so a relaunch that the controller
@@ -111,10 +112,7 @@ class TotalLossWatch:
 
     def _lose(self) -> dict:
         step, durable = self.top, self._durable()
-        if durable is not None and durable["step"] >= step:  # all of it is durable (a preemption that saved)
-            self.base, self.fresh = step, True
-            return {"step": step, "action": "resume"}
-        if durable is not None:
+        if durable is not None:  # also where it holds the very step (a save just before, a preemption that saved)
             fields = dict(action="resume", resumed_from=durable["step"], source=self.source)
         else:
             fields = dict(action=self.on_loss)

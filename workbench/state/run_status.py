@@ -28,7 +28,11 @@ def state_lost_text(lost: Optional[dict]) -> str:
     head = f"model state lost at step {lost.get('step')}: every replica group died with no live peer holding it"
     action = lost.get("action")
     if action == "resume":
-        return f"{head}; resumed from the {lost.get('source') or 'durable state'} of step {lost.get('resumed_from')}"
+        whole = isinstance(lost.get("resumed_from"), int) and lost["resumed_from"] >= (lost.get("step") or 0)
+        tail = ": no committed step lost" if whole else ""
+        return (
+            f"{head}; resumed from the {lost.get('source') or 'durable state'} of step {lost.get('resumed_from')}{tail}"
+        )
     if action == "restart":
         return f"{head}; trained on from scratch (on_state_loss: restart)"
     return f"{head}; no durable state, the run failed (on_state_loss: fail)"
