@@ -65,7 +65,7 @@ def job_end_fields(cluster, job, run_dir: Path, exit_event: Optional[dict], step
         files = {name: path for name, path in files.items() if path.is_file()}
     if files:
         fields["log"] = {name: _relative(path, run_dir) for name, path in files.items()}
-    tails = {name: _tail(path) for name, path in files.items()}
+    tails = {name: file_tail(path) or "" for name, path in files.items()}
     lines = last_lines(tails.get("stdout", ""), tails.get("stderr", ""))
     if lines:
         fields["last_lines"] = lines
@@ -89,16 +89,16 @@ def last_lines(stdout: str, stderr: str, limit: int = LAST_LINES) -> list[str]:
     return out[len(out) - n_out :] + err[len(err) - n_err :]
 
 
-def _tail(path: Path) -> str:
-    """The file's last ``TAIL_BYTES``, from its first whole line."""
+def file_tail(path: Path, limit: int = TAIL_BYTES) -> Optional[str]:
+    """The file's last ``limit`` bytes, from its first whole line; None if it cannot be read."""
     try:
         with open(path, "rb") as f:
             size = f.seek(0, 2)
-            f.seek(max(0, size - TAIL_BYTES))
+            f.seek(max(0, size - limit))
             data = f.read()
     except OSError:
-        return ""
-    if len(data) == TAIL_BYTES and b"\n" in data:
+        return None
+    if size > limit and b"\n" in data:
         data = data.split(b"\n", 1)[1]
     return data.decode(errors="replace")
 

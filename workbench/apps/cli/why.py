@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Optional
 
+from workbench.controller.job_end import file_tail
 from workbench.run.handle import attach
 from workbench.state.causes import EndCause
 
@@ -111,7 +112,7 @@ def log_lines(end: EndCause, run_dir: Path, lines: int) -> list[str]:
         if not path.is_relative_to(root):
             out.append(f"  log {name}: outside the run directory, not read")
             continue
-        text = tail(path) if path.is_file() else None
+        text = file_tail(path, TAIL_BYTES) if path.is_file() else None
         if text is None:
             out.append(f"  log {name}: gone")
             continue
@@ -123,17 +124,3 @@ def log_lines(end: EndCause, run_dir: Path, lines: int) -> list[str]:
         out.append(f"  last {len(got)} lines the job wrote (its job event):")
         out += [f"    {line}" for line in got]
     return out
-
-
-def tail(path: Path) -> Optional[str]:
-    """The file's last ``TAIL_BYTES`` from its first whole line; None if it cannot be read."""
-    try:
-        with open(path, "rb") as f:
-            size = f.seek(0, 2)
-            f.seek(max(0, size - TAIL_BYTES))
-            data = f.read()
-    except OSError:
-        return None
-    if size > TAIL_BYTES and b"\n" in data:
-        data = data.split(b"\n", 1)[1]
-    return data.decode(errors="replace")
