@@ -29,11 +29,12 @@ import errno
 import json
 import os
 import re
-import signal
 import subprocess
 import time
 from pathlib import Path
 from typing import Optional
+
+from workbench.events.end_fields import signal_name
 
 KERNEL_LOG = "/dev/kmsg"
 KERNEL_LOG_RECORDS = 100_000  # a bound on one read of the ring buffer (a few thousand records here, 3 ms)
@@ -58,14 +59,6 @@ class ExitStatus:
         out = dataclasses.asdict(self)
         out.pop("pid")
         return {k: v for k, v in out.items() if v is not None}
-
-
-def signal_name(number: int) -> str:
-    """``SIGSEGV`` for 11; ``SIG<n>`` for a number Python has no name for (a real-time signal)."""
-    try:
-        return signal.Signals(number).name
-    except ValueError:
-        return f"SIG{number}"
 
 
 def from_returncode(returncode: int, pid: Optional[int] = None) -> ExitStatus:

@@ -15,8 +15,20 @@ An attempt's end is told by three writers, and readers join them (``workbench.st
 
 from __future__ import annotations
 
+import signal
+
 from workbench.events import states
 from workbench.events.fields import optional, required
+
+
+def signal_name(number: int) -> str:
+    """A ``signal`` field's value: ``SIGSEGV`` for 11; ``SIG<n>`` for a number Python has no name for (a
+    real-time signal)."""
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}"
+
 
 EXCEPTION = optional(
     "exception",

@@ -18,10 +18,10 @@ unclean.
 
 from __future__ import annotations
 
-import signal
 import time
 from typing import Any, Optional
 
+from workbench.events.end_fields import signal_name
 from workbench.events.tracebacks import exception_record, one_line
 
 _TOLD = "_workbench_exit_told"
@@ -53,10 +53,7 @@ def process_end(rank: int, returncode: int, t: Optional[float] = None) -> dict:
     """One entry of ``processes``: ``rank``, ``exit_code`` (or ``signal``, by name, for a negative returncode), ``t``."""
     end: dict[str, Any] = {"rank": rank}
     if returncode < 0:
-        try:
-            end["signal"] = signal.Signals(-returncode).name
-        except ValueError:
-            end["signal"] = f"SIG{-returncode}"
+        end["signal"] = signal_name(-returncode)
     else:
         end["exit_code"] = returncode
     end["t"] = time.time() if t is None else t
