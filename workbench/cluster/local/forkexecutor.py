@@ -25,7 +25,7 @@ from typing import IO, Optional
 from submitit.core import core, utils
 
 from workbench.cluster import exits
-from workbench.cluster.local import forkserver
+from workbench.cluster.local import forkserver, submitit_local
 from workbench.cluster.procs import HOST, START_TOLERANCE_S, Marker, Proc, start_time
 
 STATUS_WAIT_S = 0.5  # for the server's status file of a child that has just ended (it reaps every 20 ms)
@@ -243,18 +243,7 @@ class ForkExecutor(core.PicklingExecutor):
         return {"timeout_min", "tasks_per_node"}
 
     def _submit_command(self, command: str) -> ForkJob:  # noqa: ARG002
-        env = dict(os.environ)
-        env.update(
-            SUBMITIT_LOCAL_NTASKS="1",
-            SUBMITIT_LOCAL_NODEID="0",
-            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-            SUBMITIT_STDERR_TO_STDOUT="",
-            SUBMITIT_EXECUTOR="local",
-            CUDA_VISIBLE_DEVICES="",
-            SUBMITIT_LOCAL_WITH_SHELL="",
-            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
-            SUBMITIT_LOCAL_SIGNAL_DELAY_S="30",
-        )
+        env = submitit_local.local_job_env(1, self.parameters.get("timeout_min", 2.0), 30)
         pid, pid_start = self.server.fork(self.folder, env)
         return ForkJob(self.folder, str(pid), tasks=[0], pid_start=pid_start, server=self.server, marker=self.marker)
 

@@ -48,21 +48,30 @@ class StatusLocalExecutor(submitit.LocalExecutor):
 
     def _submit_command(self, command: str) -> LocalJob:
         ntasks = self.parameters.get("tasks_per_node", 1)
-        env = dict(os.environ)
-        env.update(
-            SUBMITIT_LOCAL_NTASKS=str(ntasks),
-            SUBMITIT_LOCAL_COMMAND=command,
-            SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * self.parameters.get("timeout_min", 2.0))),
-            SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(self.parameters.get("signal_delay_s", 30))),
-            SUBMITIT_LOCAL_NODEID="0",
-            SUBMITIT_LOCAL_JOB_NUM_NODES="1",
-            SUBMITIT_STDERR_TO_STDOUT="",
-            SUBMITIT_EXECUTOR="local",
-            CUDA_VISIBLE_DEVICES="",
-            SUBMITIT_LOCAL_WITH_SHELL="",
-        )
+        timeout_min, delay_s = self.parameters.get("timeout_min", 2.0), self.parameters.get("signal_delay_s", 30)
+        env = local_job_env(ntasks, timeout_min, delay_s, command=command)
         process = subprocess.Popen([sys.executable, "-m", __name__, str(self.folder)], env=env)
         return LocalJob(folder=self.folder, job_id=str(process.pid), process=process, tasks=list(range(ntasks)))
+
+
+def local_job_env(ntasks: int, timeout_min: float, signal_delay_s: float, command: Optional[str] = None) -> dict:
+    """This process's environment plus what submitit's local job runner reads, as submitit's
+    ``start_controller`` sets it (``SUBMITIT_LOCAL_COMMAND`` only for a controller that starts the task)."""
+    env = dict(os.environ)
+    env.update(
+        SUBMITIT_LOCAL_NTASKS=str(ntasks),
+        SUBMITIT_LOCAL_TIMEOUT_S=str(int(60 * timeout_min)),
+        SUBMITIT_LOCAL_SIGNAL_DELAY_S=str(int(signal_delay_s)),
+        SUBMITIT_LOCAL_NODEID="0",
+        SUBMITIT_LOCAL_JOB_NUM_NODES="1",
+        SUBMITIT_STDERR_TO_STDOUT="",
+        SUBMITIT_EXECUTOR="local",
+        CUDA_VISIBLE_DEVICES="",
+        SUBMITIT_LOCAL_WITH_SHELL="",
+    )
+    if command is not None:
+        env["SUBMITIT_LOCAL_COMMAND"] = command
+    return env
 
 
 def exit_status(job: LocalJob) -> exits.ExitStatus:
