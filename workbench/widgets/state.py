@@ -90,7 +90,6 @@ class DashboardState:
         self.quorum_version = 0
         self._diverged: set = set()
         self._synced: set = set()  # sync_index values marked (every group reports each sync)
-        self._node_groups: dict[str, dict[int, tuple[int, int]]] = {}  # node -> replica -> (attempt, RSS)
         self._took_part: dict[int, int] = {}  # replica -> its newest attempt with a committed, participating step
 
     # -- what the fold knows -----------------------------------------------------
@@ -132,7 +131,12 @@ class DashboardState:
         view = self.run.replicas.get(replica)
         if view is None or view.state in ("dead", "finished", "stopped"):
             return None
-        found = [g[replica][1] for g in self._node_groups.values() if g.get(replica, (None,))[0] == view.attempt]
+        found = []
+        for node in self.run.nodes.nodes.values():  # the fold keeps each node's newest sample
+            groups = (node.health or {}).get("groups")
+            for g in groups if isinstance(groups, list) else []:
+                if isinstance(g, dict) and (g.get("replica"), g.get("attempt")) == (replica, view.attempt):
+                    found += [g["rss_bytes"]] if isinstance(g.get("rss_bytes"), int) else []
         return sum(found) if found else None
 
     def end_shown(self, replica: int) -> Optional[EndCause]:
@@ -174,15 +178,6 @@ class DashboardState:
         if view.replica not in self.loss:
             self.loss[view.replica] = LossSeries()
         return self.loss[view.replica]
-
-    def _on_node_health(self, e: dict, t: float) -> None:
-        groups = e.get("groups") if isinstance(e.get("groups"), list) else []  # none: no group there now
-        if isinstance(e.get("node"), str):
-            self._node_groups[e["node"]] = {
-                g["replica"]: (g.get("attempt"), g["rss_bytes"])
-                for g in groups
-                if isinstance(g, dict) and isinstance(g.get("replica"), int) and isinstance(g.get("rss_bytes"), int)
-            }
 
     def _on_phase(self, e: dict, t: float) -> None:
         if e.get("checkpoint_address"):
