@@ -100,7 +100,7 @@ def targets(res: dict) -> pd.DataFrame:
         "≤ 1 s",
         f"median {_f(kps.median())} s, max {_f(kps.max())} s ({len(kps)} kills)" if len(kps) else "–",
         bool(len(kps)) and kps.median() <= 1.0,
-        "includes the lighthouse's 1 s heartbeat timeout",
+        "includes the lighthouse's heartbeat timeout (300 ms by default since 2026-12-06, 1 s before)",
     )
     r = ratio_of_medians(clean, "steady_rate", "torchft-lite", "ddp-restart")
     add(
@@ -638,12 +638,14 @@ NOTES = """\
 - **Kill → participating (fresh process).** Local jobs are forked from the run's fork server, which
   imported torch, torchft and the trainer and warmed up once, so a replacement no longer pays process
   start and imports (~1.5-3 s and ~2-4 s through submitit's `LocalExecutor`, whose figures the fork-server
-  section keeps beside it). What is left: the controller noticing the dead job, the lighthouse's 1 s
+  section keeps beside it). What is left: the controller noticing the dead job, the lighthouse's
   heartbeat timeout before the survivors' next quorum, and the heal; a hot spare saves only the fork.
 - **Survivor stall.** Survivors wait for the dead peer's socket reset or the process-group timeout, then
-  a new quorum (heartbeat timeout 1 s in the demo config); a stall over 1 s appears when the survivors
-  themselves are descheduled on an overloaded machine. Lowering `lighthouse.heartbeat_timeout_ms` moves
-  it, at the cost of false evictions under load.
+  a new quorum, which forms once the dead group's heartbeats are `lighthouse.heartbeat_timeout_ms` old
+  (300 ms by default since 2026-12-06, 1 s before it); a stall above that appears when the survivors
+  themselves are descheduled on an overloaded machine. A shorter timeout risks evicting live groups under
+  load; the sections "Survivor stall against the heartbeat timeout" and "Survivor stall under chaos"
+  count those evictions (`analysis.evictions`).
 - **Submit → first step.** Controller start, lighthouse and the fork server's imports (torch, torchft,
   the trainer, one warm-up step) run side by side; the groups are then forked, so three processes no
   longer import torch at once on two cores. What remains is one process's import and warm-up time,

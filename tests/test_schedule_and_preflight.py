@@ -75,7 +75,14 @@ def test_preflight_is_quiet_on_shipped_configs(config):
     "overrides, needle",
     [
         ({"torchft.pg_timeout_ms": 500, "lighthouse.heartbeat_timeout_ms": 1000}, "pg_timeout_ms (500)"),
-        ({"torchft.quorum_timeout_s": 0.5, "lighthouse.join_timeout_ms": 100}, "quorum_timeout_s (0.5)"),
+        (
+            {
+                "torchft.quorum_timeout_s": 0.5,
+                "lighthouse.join_timeout_ms": 100,
+                "lighthouse.heartbeat_timeout_ms": 1000,
+            },
+            "quorum_timeout_s (0.5)",
+        ),
         ({"lighthouse.join_timeout_ms": 100, "lighthouse.quorum_tick_ms": 100}, "join_timeout_ms (100)"),
         ({"faults": [{"action": "kill", "target": 1, "at_step": 10_000}]}, "never fires"),
         (
@@ -89,7 +96,7 @@ def test_preflight_is_quiet_on_shipped_configs(config):
             },
             "no checkpoint is ever written",
         ),
-        ({"hang.timeout_s": 0.5}, "hang.timeout_s (0.5)"),
+        ({"hang.timeout_s": 0.5, "lighthouse.heartbeat_timeout_ms": 1000}, "hang.timeout_s (0.5)"),
         ({"replicas": 1, "min_replicas": 1, "faults": []}, "no live peer"),
     ],
 )

@@ -99,7 +99,14 @@ def _assert_private(run_dir: Path) -> None:
 def test_every_listener_of_a_local_run_is_on_loopback_while_a_heal_is_in_flight(start_run, transport):
     run = start_run(
         "demo",
-        ["replicas=2", "min_replicas=1", "faults=[]", "steps=100000", f"torchft.checkpoint_transport={transport}"],
+        [
+            "replicas=2",
+            "min_replicas=1",
+            "faults=[]",
+            "steps=100000",
+            f"torchft.checkpoint_transport={transport}",
+            "lighthouse.heartbeat_timeout_ms=1000",  # the serving group is stopped below: it must stay in the quorum
+        ],
     )
     run.wait_for_step(20, timeout=240)
     server = run.run_state.replicas[0].proc  # the one group a joiner can heal from

@@ -16,6 +16,7 @@ from workbench.spec.timeouts import Measured, timeout_warnings
 
 from .conftest import local_slurm, slurm_prerequisites, workbench_cli
 
+HB = "lighthouse.heartbeat_timeout_ms"
 M = Measured(
     steps=400,
     step_p50_s=0.5,
@@ -220,7 +221,7 @@ def test_measure_reads_the_figures_off_a_hand_written_log():
 def test_a_recommendation_is_hand_arithmetic_on_its_measurement():
     spec = load_spec("demo")
     recs = {r.key: r for r in recommend(spec, measure(_log(), "hand"), margin=3)}
-    # pg: step p99 1.0 s × 3 = 3000 ms beats the slowest step × 1.25 (1250) and the heartbeat timeout (1000)
+    # pg: step p99 1.0 s × 3 = 3000 ms beats the slowest step × 1.25 (1250) and the heartbeat timeout (300)
     assert recs["torchft.pg_timeout_ms"].value == 3000
     assert recs["torchft.pg_timeout_ms"].basis == "step time p99 1 s over 10 steps × 3"
     # the slowest heal 2 s × 3 = 6 s beats the pg timeout 3 s × 1.25 = 3.75 s
@@ -258,7 +259,9 @@ def test_checkpoint_period_is_youngs_interval_over_the_median_step():
 
 @pytest.mark.slow
 def test_cli_recommends_from_a_measured_run(start_run):
-    run = start_run("demo", {"steps": 60, "faults": [{"action": "kill", "target": 1, "at_step": 30}]})
+    # the heartbeat timeout pinned at 1 s (the demo's default is shorter): the stall the arithmetic below needs
+    kill = {"steps": 60, "faults": [{"action": "kill", "target": 1, "at_step": 30}], HB: 1000}
+    run = start_run("demo", kill)
     run.wait(timeout=300)
     assert run.state() == "completed"
     out = workbench_cli("timeouts", str(run.run_dir), "--json")
@@ -277,7 +280,8 @@ def test_cli_recommends_from_a_measured_run(start_run):
     assert hang["basis"] == f"slowest step interval {gap:.3g} s × 3"
     text = workbench_cli("timeouts", str(run.run_dir), "--check", "demo", "torchft.pg_timeout_ms=100")
     assert text.returncode == 0, text.stderr
-    assert "torchft.pg_timeout_ms (100) < lighthouse.heartbeat_timeout_ms (1000)" in text.stdout
+    hb = load_spec("demo").lighthouse.heartbeat_timeout_ms
+    assert f"torchft.pg_timeout_ms (100) < lighthouse.heartbeat_timeout_ms ({hb})" in text.stdout
 
 
 def test_killwait_is_read_from_the_real_slurm_and_judged_against_a_measured_save(tmp_path):

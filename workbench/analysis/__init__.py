@@ -13,6 +13,7 @@ the same figures. One concept per module:
   steps once their sync committed), read by recovery, summary, goodput and the
   classroom views alike;
 - ``summary``: a run's headline figures, derived from the timeline;
+- ``evictions``: the quorums the lighthouse formed without a live, unfaulted group;
 - ``goodput``: useful work against the run's own fault-free rate;
 - ``goodput_vocabulary``: its badput causes as ``ml-goodput-measurement``'s ``BadputType``;
 - ``figures``: plotly figures of the timeline and of goodput;
@@ -27,6 +28,7 @@ caller that shows both computes it once.
 
 from __future__ import annotations
 
+from workbench.analysis.evictions import live_evictions
 from workbench.analysis.figures import goodput_figure, timeline_figure
 from workbench.analysis.goodput import BADPUT_PARTS, goodput
 from workbench.analysis.goodput_vocabulary import BADPUT_TYPES, badput_by_type, badput_vocabularies
@@ -50,6 +52,7 @@ __all__ = [
     "ends_process",
     "goodput",
     "goodput_figure",
+    "live_evictions",
     "max_committed_step",
     "metrics_frame",
     "recovery_timeline",
