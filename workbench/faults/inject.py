@@ -120,7 +120,7 @@ def inject(
         t = time.time()  # stamped before the arm file exists: a save that finds it started after ``t``
         armed.arm(run.run_dir, kind.trigger, view.replica, {"action": kind.name, "origin": origin, "t": t})
         return writer.emit("armed", t=t, action=kind.name, target=view.replica, origin=origin, trigger=kind.trigger)
-    proc = fault_targets.target_proc(kind, trainer, view)
+    proc = fault_targets.target_proc(kind, trainer, view, run.run_dir)
     extra = {"proc": proc} if proc is not None else {}
     fields = {**fields, **run.cluster.inject(kind, view, seconds, origin, **extra)}
     return writer.emit("fault", action=kind.name, origin=origin, seconds=seconds, **fields)

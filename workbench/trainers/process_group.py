@@ -1,6 +1,7 @@
 """A job's group of child processes: started with their stderr kept, waited for together, told how each ended.
 
-TorchTitan's job starts its ranks with this (:mod:`.titan.job`). Each child's
+TorchTitan's job starts its ranks with this (:mod:`.titan.job`), or forks them warm and has it
+watch them (:meth:`ProcessGroup.adopt`, :mod:`.forked`). Each child's
 stderr is a pipe that a thread copies, line by line, to the job's own stderr
 (where it always went: the job's log) and to a file of its own, and keeps its
 last lines, so that the traceback of a child that died of an uncaught
@@ -79,7 +80,11 @@ class ProcessGroup:
         self._ends: queue.Queue = queue.Queue()
 
     def start(self, rank: int, argv: list[str], stderr_path: Optional[Path] = None, **popen: Any) -> subprocess.Popen:
-        p = subprocess.Popen(argv, stderr=subprocess.PIPE, **popen)
+        return self.adopt(rank, subprocess.Popen(argv, stderr=subprocess.PIPE, **popen), stderr_path)
+
+    def adopt(self, rank: int, p: Any, stderr_path: Optional[Path] = None) -> Any:
+        """Watch a child started otherwise (a :class:`~.forked.ForkedProcess`: ``pid``, ``stderr``, ``wait``,
+        ``poll``, ``kill``, ``returncode``) as :meth:`start` watches its own."""
         copy = _StderrCopy(p.stderr, stderr_path)
         copy.start()
         self._copies[rank] = copy

@@ -63,40 +63,23 @@ from __future__ import annotations
 import importlib
 import json
 import os
-import random
 import select
 import signal
 import sys
 import time
 import traceback
-from pathlib import Path
 from typing import BinaryIO, Optional
 
-import psutil
 from submitit.core import utils
 
 from workbench.cluster import exits
 from workbench.cluster.procs import start_time
+from workbench.trainers.forked import fork_safety, reseed
 
 QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 CANCEL_GRACE_S = 1.0  # submitit's local controller: SIGINT, then SIGKILL after 1 s
 REAP_S = 0.02
 PICKLE_WAIT_S = 60.0  # process_job's own wait for the submitted pickle
-
-
-def fork_safety() -> Optional[str]:
-    """None if this process may fork a job; else what makes it unsafe (threads, CUDA, sockets)."""
-    threads = os.listdir("/proc/self/task")
-    if len(threads) != 1:
-        names = sorted(Path(f"/proc/self/task/{t}/comm").read_text().strip() for t in threads)
-        return f"{len(threads)} threads ({', '.join(names)})"
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "CUDA is initialised"
-    conns = psutil.Process().net_connections(kind="all")
-    if conns:
-        return f"{len(conns)} open sockets"
-    return None
 
 
 def preload(trainer: str, model: Optional[dict] = None) -> float:
@@ -194,7 +177,7 @@ def _child(folder: str, env: dict) -> None:
             signal.signal(sig, signal.SIG_DFL)
         signal.signal(signal.SIGINT, signal.default_int_handler)
         signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        _reseed()
+        reseed()
         deadline = time.monotonic() + PICKLE_WAIT_S
         while not paths.submitted_pickle.exists() and time.monotonic() < deadline:
             time.sleep(0.002)  # the executor moves the pickle in place right after the fork's answer
@@ -216,17 +199,6 @@ def _child(folder: str, env: dict) -> None:
             sys.stderr.flush()
         finally:
             os._exit(code & 0xFF)
-
-
-def _reseed() -> None:
-    """A fresh interpreter's RNG state (see the module docstring)."""
-    random.seed()
-    numpy = sys.modules.get("numpy")
-    if numpy is not None:
-        numpy.random.seed()
-    torch = sys.modules.get("torch")
-    if torch is not None:
-        torch.seed()
 
 
 # Forked and not yet reaped (the only PIDs a cancel may signal): their job folder and start time.

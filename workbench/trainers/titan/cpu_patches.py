@@ -229,7 +229,14 @@ def needed() -> bool:
     return not torch.accelerator.is_available()
 
 
+_applied = False
+
+
 def apply() -> None:
-    """Apply every patch, in upstream failure order."""
+    """Apply every patch, in upstream failure order; once per process (a rank forked warm inherits them)."""
+    global _applied
+    if _applied:
+        return
     for patch in PATCHES:
         patch()
+    _applied = True

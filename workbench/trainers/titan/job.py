@@ -23,6 +23,17 @@ with ``reason="preempted"``. Each rank starts with the stop signals held
 pending (:func:`.kit.hold_stop_signals`), so one that arrives while its
 interpreter starts is delivered once its handler exists.
 
+Ranks started warm
+------------------
+On the local backend the fork server has imported torch, the CPU patches and
+torchtitan (``TrainerKind.warm_up``: :func:`.rank.warm_up`) before it forks this
+job, so the job parses the config and forks its ranks from itself
+(:mod:`workbench.trainers.forked`) before it opens the store: kill →
+participating 2.7 s with one rank per group, 4.5 s with two, against 7.4 s
+exec'd (medians of 6 kills each, ``bench/titan_recovery.py``; the new rank's
+imports took 4.5 s of it). Elsewhere, or with
+``WORKBENCH_TITAN_WARM_RANKS=0``, each rank is ``python -m`` :mod:`.rank`.
+
 Every listener binds one address (``ctx.listen_host()``): 127.0.0.1 on a local
 run, the node's own on Slurm; the ranks install :mod:`.loopback` with it
 (``WORKBENCH_BIND_HOST``) before torchtitan builds torchft's Manager.
@@ -68,13 +79,14 @@ from typing import Any, Optional
 from workbench.events.tracebacks import one_line
 from workbench.events.writer import EventWriter
 from workbench.paths import CHECKOUT, CONFIG_DIR
-from workbench.trainers import loopback
+from workbench.trainers import forked, loopback
 from workbench.trainers.base import JobContext
 from workbench.trainers.exits import error_exit, mark_told
 from workbench.trainers.kit import die_with_parent, hold_stop_signals, on_stop_signals, signal_pid
 from workbench.trainers.placement import placement
 from workbench.trainers.process_group import ProcessGroup
 from workbench.trainers.titan.assets import ensure_assets
+from workbench.trainers.titan.rank import forked_rank, parse_ahead
 
 RANK_MODULE = "workbench.trainers.titan.rank"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -267,16 +279,26 @@ def _run_ranks(
     if stop.signum is not None:
         writer.emit("exit", reason="preempted", step=None)
         return
-    loopback.bind_to(host)
-    store, master, port = _rendezvous(ctx, host, task)  # noqa: F841 (task 0 serves on it while the ranks run)
-    env = rank_env(ctx, nproc, port, master=master, host=host, task=task, ntasks=ntasks)
+    waiting = [forked.fork_waiting(forked_rank, argv) for _ in range(nproc)] if warm_ranks(argv) else []
+    try:
+        loopback.bind_to(host)
+        store, master, port = _rendezvous(ctx, host, task)  # noqa: F841 (task 0 serves on it while the ranks run)
+        env = rank_env(ctx, nproc, port, master=master, host=host, task=task, ntasks=ntasks)
+    except BaseException:
+        for child in waiting:
+            child.abandon()
+        raise
     for local in range(nproc):
         rank = task * nproc + local
+        rank_vars = {**env, "RANK": str(rank), "LOCAL_RANK": str(local), "ROLE_RANK": str(rank)}
+        if waiting:
+            ranks.adopt(rank, waiting[local].release(rank_vars), stderr_path=rank_stderr(ctx, rank))
+            continue
         ranks.start(
             rank,
             [sys.executable, "-m", RANK_MODULE, *argv],
             stderr_path=rank_stderr(ctx, rank),
-            env={**env, "RANK": str(rank), "LOCAL_RANK": str(local), "ROLE_RANK": str(rank)},
+            env=rank_vars,
             stdin=subprocess.DEVNULL,
             preexec_fn=functools.partial(_rank_preexec, os.getpid()),
         )
@@ -290,6 +312,20 @@ def _run_ranks(
         error = one_line(fields["exception"]) if "exception" in fields else f"rank {failed} {how}"
         writer.emit("exit", reason="error", step=None, error=error, **fields)
         raise mark_told(RuntimeError(f"titan replica {ctx.replica}: rank {failed} {how}"))
+
+
+def warm_ranks(argv: list[str]) -> bool:
+    """Fork the ranks from this process (:mod:`workbench.trainers.forked`) rather than exec them: where the fork
+    server forked this job warm (torchtitan imported: ``rank.warm_up``), no thread or socket is open yet, and
+    ``WORKBENCH_TITAN_WARM_RANKS`` is not ``0``; then the config is parsed here, once (``rank.parse_ahead``).
+    Else (Slurm, an accelerator) each rank is a fresh interpreter."""
+    if os.environ.get("WORKBENCH_TITAN_WARM_RANKS", "1") == "0" or "torchtitan.train" not in sys.modules:
+        return False
+    parse_ahead(argv)
+    why = forked.fork_safety()
+    if why is not None:
+        print(f"titan: ranks exec'd, not forked: this job is not fork-safe ({why})", file=sys.stderr, flush=True)
+    return why is None
 
 
 def rank_env(
