@@ -4,7 +4,9 @@ Each attempt is the job's real entrypoint (``job_entrypoint``) in its own proces
 One uninterrupted baseline, submitted with submitit's LocalExecutor; one run that
 is killed (SIGKILL, attempt 0), preempted (SIGUSR2 to every process, as Slurm's
 ``--signal`` does, attempt 1) and finished (attempt 2), with a half-written
-checkpoint planted before attempt 1.
+checkpoint planted before attempt 1. The chaos run's directory names the test process as its controller
+(a ``start`` event), so each attempt leaves a standby for the next (``trainers/maxtext/standby.py``): attempts 1
+and 2 are forked from one, and the standby left at the end is stopped by its PID.
 """
 
 from __future__ import annotations
@@ -21,11 +23,14 @@ from pathlib import Path
 import pytest
 import submitit
 
+from workbench.cluster.procs import start_time
 from workbench.events.reader import read_all
+from workbench.events.writer import EventWriter
 from workbench.spec.load import load_spec
 from workbench.trainers.base import JobContext, job_entrypoint
 from workbench.trainers.maxtext import command as maxtext_command
 from workbench.trainers.maxtext import output as maxtext_output
+from workbench.trainers.maxtext import standby as maxtext_standby
 
 pytestmark = [
     pytest.mark.maxtext,
@@ -158,6 +163,8 @@ def chaos(run_root):
     run_dir = run_root / "chaos"
     jobs: list[Attempt] = []
     out: dict = {"jobs": jobs}
+    run_dir.mkdir(parents=True, exist_ok=True)
+    EventWriter(run_dir, "controller", run=run_dir.name, replica=None, attempt=0).emit("start", role="controller")
     try:
         a0 = Attempt(run_dir, 0)
         jobs.append(a0)
@@ -193,6 +200,16 @@ def chaos(run_root):
     finally:
         for job in jobs:
             job.close()
+        _stop_standby(maxtext_standby.socket_path(run_dir, 0).with_suffix(".pid"))
+
+
+def _stop_standby(pid_file: Path) -> None:
+    try:
+        pid, started = pid_file.read_text().split()
+    except (OSError, ValueError):
+        return
+    if start_time(int(pid)) == float(started):
+        os.kill(int(pid), signal.SIGKILL)
 
 
 def test_uninterrupted_run_completes(baseline):
@@ -221,6 +238,11 @@ def test_kill_resumes_from_last_durable_checkpoint(chaos):
     late = {c["step"] for c in a1.events("checkpoint") if c.get("late")}
     assert not late & {c["step"] for c in a0.events("checkpoint")}, "a save recorded twice"
     assert chaos["killed_at"] - from_step <= PERIOD, "steps lost exceed the checkpoint period"
+    assert a1.phase("launched")["warm"] and a1.phase("imports_done")["warm"], a1.phase("launched")
+    compiled = a1.phase("compiled")
+    assert compiled["compile_cache_hits"] > 0 and compiled["compile_cache_misses"] == 0, (
+        "the restart's compile: from the cache"
+    )
 
 
 def test_a_save_without_its_event_is_recorded_late_once(baseline, tmp_path):

@@ -183,10 +183,23 @@ class Role(Described):
 class Phase(Described):
     """A milestone of a process's start or stop (``phase``'s ``phase``)."""
 
-    IMPORTS_DONE = "imports_done", "the trainer's imports are done"
+    INTERPRETER_UP = "interpreter_up", "MaxText: its interpreter runs the launcher (`at`: on its clock; `warm`: forked)"
+    IMPORTS_DONE = "imports_done", "the trainer's imports are done (MaxText: `warm`; `imported_s` the standby's)"
+    BACKEND_READY = "backend_ready", "MaxText: JAX's backend is initialised (`devices`)"
+    COMPILED = "compiled", "MaxText: train step compiled (`compile_cache_*`; `trace_s`, `lower_s`, `backend_compile_s`)"
     MODEL_READY = "model_ready", "model and optimizer built; `checkpoint_address` is where it serves heals from"
     SPARE_READY = "spare_ready", "a hot spare has built everything but its Manager and waits to be assigned"
-    MANAGER_READY = "manager_ready", "TorchTitan: the torchft Manager is up (`checkpoint_address`)"
+    CONFIG_PARSED = "config_parsed", "TorchTitan: its config is parsed (tyro over the flags, the config function)"
+    DISTRIBUTED_READY = (
+        "distributed_ready",
+        "TorchTitan: the group's store rendezvous, process group and torchft Manager are up",
+    )
+    MODEL_BUILT = "model_built", "TorchTitan: the model is built, parallelised and initialised (before its optimizer)"
+    MANAGER_READY = (
+        "manager_ready",
+        "TorchTitan: the whole trainer is built (optimizer, dataloader, checkpointer; `checkpoint_address`)",
+    )
+    QUORUM_DONE = "quorum_done", "TorchTitan: the attempt's first quorum returned, before its first forward"
     LAUNCHED = "launched", "MaxText: its training process started (`maxtext_pid`)"
     RESTORED = "restored", "restored from a checkpoint (`from_step`; the fold counts the steps lost since)"
     FIRST_STEP = "first_step", "MaxText: the first step, after compiling (`compile_cache_hits`, `compile_cache_misses`)"

@@ -42,10 +42,11 @@ def checkpoint_facts(path: Path) -> tuple[Optional[float], int]:
 class Console:
     """Reads MaxText's console in a thread: keeps it on disk and picks out the facts."""
 
-    def __init__(self, stream, log_path: Path, on_restored) -> None:
+    def __init__(self, stream, log_path: Path, on_restored, on_phase=lambda fact: None) -> None:
         self.stream = stream
         self.log_path = log_path
         self.on_restored = on_restored
+        self.on_phase = on_phase
         self.tail: collections.deque[str] = collections.deque(maxlen=40)
         self.cache_hits = 0
         self.cache_misses = 0
@@ -72,7 +73,9 @@ class Console:
                 fact = json.loads(line[len(_MARKER) :])
             except ValueError:
                 return
-            if fact.get("compile_cache") == "hits":
+            if isinstance(fact, dict) and isinstance(fact.get("phase"), str):
+                self.on_phase(fact)
+            elif fact.get("compile_cache") == "hits":
                 self.cache_hits += 1
             elif fact.get("compile_cache") == "misses":
                 self.cache_misses += 1
