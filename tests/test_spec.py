@@ -21,7 +21,11 @@ from .conftest import REPO
         (["replicas=three"], "replicas", "integer"),
         (["replicas=0"], "replicas", "greater than or equal to 1"),
         (["replicas=2", "min_replicas=3"], "min_replicas", "<= replicas"),
-        (["trainer=pytorch-lightning"], "trainer", "'torchft-lite', 'titan', 'maxtext' or 'ddp-restart'"),
+        (
+            ["trainer=pytorch-lightning"],
+            "trainer",
+            "'torchft-lite', 'titan', 'maxtext', 'ddp-restart' or 'titan-restart'",
+        ),
         (["cluster=k8s"], "cluster", "allowed: local, slurm"),
         (["steps=-5"], "steps", "greater than or equal to 1"),
         (["model.dim=30", "model.heads=4"], "model", "multiple of heads"),

@@ -31,8 +31,8 @@ class Writer(StrEnum):
         (
             "one per replica group and attempt; for TorchTitan the job process, whose rank 0 writes the rest of the "
             "replica's events to `replica-<r>.attempt-<a>.rank-0.jsonl` and whose tasks on other nodes write "
-            "`replica-<r>.attempt-<a>.task-<k>.jsonl`; each rank of the ddp-restart baseline writes its own, its rank "
-            "as `<r>`"
+            "`replica-<r>.attempt-<a>.task-<k>.jsonl`; each rank of the checkpoint-restart baselines (ddp-restart, "
+            "titan-restart) writes its own, its rank as `<r>`"
         ),
     )
     CONTROL = (
@@ -44,7 +44,7 @@ class Writer(StrEnum):
         ),
     )
     SPARE = "spare", "spare-<i>.jsonl", "a hot spare until it is assigned a replica group"
-    LAUNCHER = "launcher", "launcher.attempt-<a>.jsonl", "the ddp-restart baseline's job process"
+    LAUNCHER = "launcher", "launcher.attempt-<a>.jsonl", "the ddp-restart and titan-restart baselines' job process"
     SWEEP = (
         "sweep",
         "controller.jsonl",

@@ -166,10 +166,15 @@ def titan_section(value: dict[str, Any]) -> dict[str, Any]:
 
     ``config``: the TOML's name or path. ``threads``: ``OMP_NUM_THREADS``. ``overrides``:
     ``{"section.key": value}``, each one ``--section.key value`` (a bool: ``--section.[no_]key``, a list:
-    ``a,b``). ``extra_args``: argv elements as they are. Other keys are left to the trainer.
+    ``a,b``). ``extra_args``: argv elements as they are. ``checkpoint_interval``: TorchTitan's
+    ``--checkpoint.interval`` in steps. Other keys are left to the trainer.
     """
     if "config" in value:
         one_line(".config", value["config"])
+    if "checkpoint_interval" in value:
+        every = value["checkpoint_interval"]
+        if isinstance(every, bool) or not isinstance(every, int) or not 1 <= every <= 10_000_000:
+            raise SubfieldError(".checkpoint_interval", f"got {every!r}; allowed: an integer 1..10000000 (steps)")
     if "threads" in value:
         threads = value["threads"]
         if isinstance(threads, bool) or not isinstance(threads, int) or not 1 <= threads <= TITAN_MAX_THREADS:

@@ -137,6 +137,7 @@ class Spec(Section):
             with_spares = ", ".join(n for n in TRAINERS if trainer_kind(n).supports_spares)
             raise ValueError(f"spares ({self.spares}): hot spares are implemented for trainer {with_spares} only")
         self._check_algorithm()
+        self._check_unread()
         if self.torchft.snapshot_every and self.trainer != "torchft-lite":
             raise ValueError(
                 f"torchft.snapshot_every ({self.torchft.snapshot_every}) is for trainer torchft-lite; "
@@ -224,6 +225,21 @@ class Spec(Section):
             )
         if "join_timeout_ms" not in self.lighthouse.model_fields_set:
             self.lighthouse.join_timeout_ms = 30_000
+
+    def _check_unread(self) -> None:
+        """A setting the trainer does not read (its ``TrainerKind.unread``), set: refused, naming the field."""
+        kind = trainer_kind(self.trainer)
+        for where, why in kind.unread.items():
+            section, _, prefix = where.partition(".overrides.")
+            if prefix:
+                keys = [k for k in (getattr(self, section).get("overrides") or {}) if k.startswith(prefix + ".")]
+                if keys:
+                    raise ValueError(f"{section}.overrides.{keys[0]}: trainer {self.trainer} cannot take it; {why}")
+                continue
+            model = getattr(self, where)
+            for name, info in type(model).model_fields.items():
+                if getattr(model, name) != info.get_default(call_default_factory=True):
+                    raise ValueError(f"{where}.{name}: trainer {self.trainer} does not read it; {why}")
 
     def _check_quantize(self) -> None:
         """torchft quantizes with Triton on CUDA, and silently does not elsewhere: refuse it where the jobs

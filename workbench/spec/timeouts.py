@@ -193,7 +193,8 @@ def _titan_rules(spec: Spec, m: Optional[Measured]) -> list[str]:
     pg, pg_ms = pg_timeout(spec)
     train_key, train_s = value("comm.train_timeout_seconds")
     init_key, init_s = value("comm.init_timeout_seconds")
-    if train_s * 1000 <= pg_ms:
+    torchft = trainer_kind(spec.trainer).elastic  # titan-restart runs TorchTitan with no torchft
+    if torchft and train_s * 1000 <= pg_ms:
         out.append(
             f"{train_key} ({train_s:g}) <= {pg}: required the group's training timeout > "
             "torchft's process-group timeout (torchft's all-reduce runs inside FSDP's collectives), or a "
@@ -204,7 +205,7 @@ def _titan_rules(spec: Spec, m: Optional[Measured]) -> list[str]:
             f"{init_key} ({init_s:g}) < {train_key} ({train_s:g}): required the init timeout >= the training "
             "timeout (the first step also loads, compiles and heals)"
         )
-    if init_s <= spec.torchft.timeout_s:
+    if torchft and init_s <= spec.torchft.timeout_s:
         out.append(
             f"{init_key} ({init_s:g}) <= torchft.timeout_s ({spec.torchft.timeout_s}): required the init "
             "timeout > torchft's, which bounds a relaunched group's heal in its first step while its other "

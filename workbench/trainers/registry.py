@@ -72,6 +72,11 @@ class TrainerKind:
     for its peers at a sync (``trainers/kit.py``), so the hang detector does
     not take a group waiting out a dead peer for hung (a preflight warning
     that assumes otherwise is skipped).
+
+    ``unread``: spec settings the trainer does not read, each with why; the
+    spec refuses one set to anything but its default (a section name: any of
+    its fields; ``titan.overrides.<prefix>``: any override key under that
+    prefix, whatever its value), so a setting cannot look applied when it is not.
     """
 
     name: str
@@ -95,6 +100,7 @@ class TrainerKind:
     ft_unsupported: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
     fragments_from_layers: bool = False
     says_waiting_at_sync: bool = False
+    unread: Mapping[str, str] = dataclasses.field(default_factory=dict, hash=False)
 
     def samples_per_step(self, spec) -> int:
         """Samples one writer's committed step trains on."""
@@ -136,6 +142,7 @@ KINDS: tuple[TrainerKind, ...] = (
         elastic=True,
         sections=("titan", "torchft", "lighthouse"),
         checkpoint_period="titan.checkpoint_interval",
+        warm_up="workbench.trainers.titan.rank:warm_up",
         store_host="group",
         rank0="child_rank0",
         algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),
@@ -166,6 +173,22 @@ KINDS: tuple[TrainerKind, ...] = (
         store_host="replica0",
         rank0="replica0",
         checkpoint_writer="replica0",
+    ),
+    TrainerKind(
+        "titan-restart",
+        "workbench.trainers.titan.restart",
+        elastic=False,
+        sections=("titan",),
+        upstream="TorchTitan",
+        slurm_tasks=1,
+        checkpoint_period="titan.checkpoint_interval",
+        # the ranks' TCPStore is the launcher's, a process the fold does not record: no store_host
+        rank0="replica0",
+        checkpoint_writer="replica0",
+        unread={
+            "torchft": "it runs TorchTitan with fault_tolerance.enable=false (no torchft Manager)",
+            "titan.overrides.fault_tolerance": "it sets TorchTitan's fault_tolerance off (checkpoint-restart)",
+        },
     ),
 )
 _BY_NAME = {k.name: k for k in KINDS}
