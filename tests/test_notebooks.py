@@ -57,10 +57,15 @@ def _sliced(get_msg, slice_s: float = 1.0):
     return get
 
 
-def execute(name: str, run_root: Path, timeout: int = 600):
+def execute(name: str, run_root: Path, timeout: int = 600, parameters: dict | None = None):
     """Run the notebook; return it and the state each of its runs was in when it finished (before
-    this function stops whatever it left running)."""
+    this function stops whatever it left running). ``parameters`` are set in a cell inserted after the
+    one tagged ``parameters``, as papermill does."""
     nb = nbformat.read(NOTEBOOKS / name, as_version=4)
+    if parameters:
+        at = next(i for i, c in enumerate(nb.cells) if "parameters" in c.metadata.get("tags", []))
+        lines = "\n".join(f"{k} = {v!r}" for k, v in parameters.items())
+        nb.cells.insert(at + 1, nbformat.v4.new_code_cell(lines, metadata={"tags": ["injected-parameters"]}))
     client = SlicedPollClient(
         nb, timeout=timeout, kernel_name="python3", resources={"metadata": {"path": str(NOTEBOOKS)}}
     )
@@ -85,15 +90,15 @@ def displayed(nb, source_line: str):
     return ast.literal_eval(re.sub(r"np\.(?:float|int)\d+\(([^()]*)\)", r"\1", result["data"]["text/plain"]))
 
 
-def kill_and_rejoin(events: list[dict], victim: int, survivors: tuple[int, ...]) -> float:
+def kill_and_rejoin(events: list[dict], victim: int, survivors: tuple[int, ...], action: str = "kill") -> float:
     """Check one hand kill of ``victim`` from the events alone; return kill → taking part again (s).
 
-    The kill is recorded (SIGKILL, from the API); the victim's next attempt healed from a live peer
+    The kill is recorded (``action``, from the API); the victim's next attempt healed from a live peer
     and then committed steps taking part; each survivor ran one attempt whose committed steps only
     went forward (none lost, none redone).
     """
     (fault,) = [e for e in events if e["kind"] == "fault"]
-    assert (fault["action"], fault["target"], fault["origin"]) == ("kill", victim, "api"), fault
+    assert (fault["action"], fault["target"], fault["origin"]) == (action, victim, "api"), fault
     heal = next(e for e in events if e["kind"] == "heal" and e["replica"] == victim and e["attempt"] == 1)
     assert heal["t"] > fault["t"] and heal["bytes"] > 0
     back = [
@@ -116,10 +121,14 @@ def kill_and_rejoin(events: list[dict], victim: int, survivors: tuple[int, ...])
 
 
 @pytest.mark.slow
-def test_quickstart_runs_headless(run_root):
-    nb, states = execute("01_quickstart.ipynb", run_root)
+@pytest.mark.parametrize("trainer", ["torchft-lite", "titan"])
+def test_quickstart_runs_headless(run_root, trainer):
+    """The same notebook with either trainer its first cell names (titan: TorchTitan + TorchFT, ~1 min)."""
+    nb, states = execute("01_quickstart.ipynb", run_root, parameters={"trainer": trainer})
     (run_dir,) = states
-    events = attach(run_dir).event_records()
+    run = attach(run_dir)
+    assert (run.spec.trainer, run.spec.replicas) == (trainer, 3)
+    events = run.event_records()
     rejoin_s = kill_and_rejoin(events, victim=2, survivors=(0, 1))
     shown = displayed(nb, '"survivor_steps_lost"')
     assert shown["survivor_steps_lost"] == 0
@@ -143,6 +152,45 @@ def test_teaching_notebook_runs_headless(run_root):
     # the kill fell between steps), counted by hand.
     voted_down = [e for e in events if e["kind"] == "step" and e["replica"] in (0, 2) and e.get("committed") is False]
     assert shown["survivor_steps_discarded"] == len(voted_down)
+
+
+@pytest.mark.slow
+def test_torchtitan_notebook_runs_headless(run_root):
+    """Notebook 09 (~2 min): elastic TorchTitan (2 groups of 1 rank) and TorchTitan's checkpoint-restart (2 ranks)
+    under the same hand kill of one rank at the same step, checked from the two run directories."""
+    nb, states = execute("09_torchtitan_torchft.ipynb", run_root)
+    runs = {attach(d).spec.trainer: attach(d) for d in states}
+    assert set(runs) == {"titan", "titan-restart"} and set(states.values()) == {"completed"}, states
+    elastic, restart = runs["titan"], runs["titan-restart"]
+    assert (elastic.spec.replicas, elastic.spec.nproc_per_replica, restart.spec.replicas) == (2, 1, 2)
+    ev = elastic.event_records()
+    kill_and_rejoin(ev, victim=1, survivors=(0,))
+    (fault,) = [e for e in ev if e["kind"] == "fault"]
+    heal = next(e for e in ev if e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1)
+    survivor = [e for e in ev if e["kind"] == "step" and e["replica"] == 0 and e.get("committed")]
+    assert any(e["participants"] == 1 and fault["t"] < e["t"] < heal["t"] for e in survivor)
+    shown = displayed(nb, "side = [recovery(elastic), recovery(restart)]")
+    counted = collections.Counter(e["participants"] for e in survivor)
+    table = next(c for c in nb.cells if c.cell_type == "code" and 'survivor.groupby("participants")' in c.source)
+    (text,) = [o["data"]["text/plain"] for o in table.outputs if o.output_type == "execute_result"]
+    rows = {int(float(line.split()[0])): int(line.split()[1]) for line in text.splitlines()[2:]}
+    assert rows == dict(counted), (rows, counted)
+    # Checkpoint-restart: one rank killed by hand ended the job; every rank came back as attempt 1 from the
+    # last durable checkpoint before the kill and redid the steps since.
+    rv = restart.event_records()
+    (rfault,) = [e for e in rv if e["kind"] == "fault"]
+    assert (rfault["action"], rfault["target"], rfault["origin"]) == ("kill", 1, "api")
+    durable = max(e["step"] for e in rv if e["kind"] == "checkpoint" and e.get("durable") and e["t"] < rfault["t"])
+    restored = [e for e in rv if e["kind"] == "phase" and e.get("phase") == "restored" and e["attempt"] == 1]
+    assert sorted(e["replica"] for e in restored) == [0, 1] and {e["from_step"] for e in restored} == {durable}
+    reached = max(e["step"] for e in rv if e["kind"] == "step" and e.get("committed") and e["t"] <= rfault["t"])
+    e_row, r_row = shown
+    assert (e_row["trainer"], r_row["trainer"]) == ("titan", "titan-restart")
+    assert r_row["steps redone"] == reached - durable > 0 and r_row["restarts"] == 1 and r_row["heals"] == 0
+    assert (e_row["ranks stopped"], e_row["ranks that kept training"], r_row["ranks that kept training"]) == (1, 1, 0)
+    assert e_row["heals"] >= 1 and e_row["kill → back in training (s)"] == pytest.approx(
+        kill_and_rejoin(ev, victim=1, survivors=(0,)), abs=0.01
+    )
 
 
 @pytest.mark.slow
