@@ -10,7 +10,9 @@ import pytest
 
 import workbench as wb
 from workbench.errors import SpecError
-from workbench.experiments.matrix import OUTCOMES, attach_matrix, plan
+from workbench.experiments.matrix import OUTCOMES, attach_matrix
+from workbench.experiments.matrix_plan import Setup, label_of, parse_setup, plan, resolve, setups_from, setups_of
+from workbench.experiments.sweep import point_name, point_spec
 from workbench.faults import kinds as faultkinds
 from workbench.faults.armed import Triggers
 from workbench.state.fold import RunState
@@ -22,15 +24,8 @@ TINY = {"steps": 30, "replicas": 2, "checkpoint.every_steps": 5}  # min_replicas
 
 def test_plan_keeps_cells_that_cannot_run_and_draws_steps_inside_the_window():
     base = wb.load_spec("demo", TINY)
-    cells, points = plan(
-        base,
-        "kill,node_down,kill_during_checkpoint",
-        ["torchft-lite", "ddp-restart"],
-        ["local"],
-        trials=4,
-        window=(6, 9),
-        seed=3,
-    )
+    rows = setups_from(base, ["torchft-lite", "ddp-restart"], ["local"])
+    _, cells, points = plan("kill,node_down,kill_during_checkpoint", rows, trials=4, window=(6, 9), seed=3)
     why = {(c["fault"], c["trainer"]): c.get("why_not") for c in cells}
     assert why == {
         ("kill", "torchft-lite"): None,
@@ -44,9 +39,62 @@ def test_plan_keeps_cells_that_cannot_run_and_draws_steps_inside_the_window():
     assert all(6 <= p["faults"][0]["at_step"] <= 9 and 0 <= p["faults"][0]["target"] < 2 for p in points)
     assert {p["faults"][0]["at_step"] for p in points} != {points[0]["faults"][0]["at_step"]}  # drawn, not fixed
     with pytest.raises(SpecError, match=r"faults: 'bogus' not known; allowed: kill"):
-        plan(base, "kill,bogus")
-    with pytest.raises(SpecError, match=r"window: expected 1 <= first <= last < steps \(30\), got 20:40"):
-        plan(base, "kill", window=(20, 40))
+        plan("kill,bogus", rows)
+    with pytest.raises(
+        SpecError, match=r"window of torchft-lite / local: expected 1 <= first <= last < steps \(30\), got 20:40"
+    ):
+        plan("kill", rows, window=(20, 40))
+
+
+def test_the_real_setups_give_every_cell_a_run_or_a_reason_and_each_trial_is_its_setups_spec():
+    """``--setups real``: the local setups, then titan 2×1 and maxtext ×2 on Slurm, every fault kind.
+
+    A cell runs where the backend injects the kind, the trainer has its process and the spec takes the
+    fault; every other cell names why. A trial's spec is its setup's spec plus its one fault, whichever
+    setup the sweep's base is, and the trials go round by round (every cell's first, then its second).
+    """
+    setups = setups_of("real")
+    base, cells, points = plan("all", setups, trials=2, seed=0)
+    labels = list(dict.fromkeys(c["setup"] for c in cells))
+    assert labels == [
+        "titan 1×2 local",
+        "titan-restart ×2 local",
+        "maxtext ×1 local",
+        "titan 2×1 slurm",
+        "maxtext ×2 slurm",
+    ]
+    assert len(cells) == len(faultkinds.KINDS) * len(setups)
+    assert all(bool(c["points"]) != bool(c.get("why_not")) for c in cells), cells
+    runs = {(c["fault"], c["setup"]) for c in cells if c["points"]}
+    assert {("kill_rank0", "titan 1×2 local"), ("kill_store_host", "titan 1×2 local")} <= runs
+    assert {("node_down", "titan 2×1 slurm"), ("partition", "maxtext ×2 slurm"), ("kill", "maxtext ×1 local")} <= runs
+    why = {(c["fault"], c["setup"]): c.get("why_not") for c in cells}
+    assert why[("kill_rank0", "titan 2×1 slurm")] == "cannot inject on slurm"
+    assert why[("lighthouse_kill", "maxtext ×1 local")] == "no lighthouse in maxtext (checkpoint-restart)"
+    assert why[("node_down", "maxtext ×1 local")] == "cannot inject on local"
+    by_label = {label: spec for s in setups for label, spec, _ in [resolve(s)]}
+    order = [
+        next((c["points"].index(p), labels.index(c["setup"])) for c in cells if p in c["points"])
+        for p in range(len(points))
+    ]
+    assert order == sorted(order)  # round by round, each round setup by setup
+    for c in cells:
+        for p in c["points"]:
+            spec = point_spec(base.to_dict(), points[p], p)
+            want = by_label[c["setup"]].to_dict()
+            assert spec.name == point_name(want["name"], p)
+            assert {**spec.to_dict(), "name": want["name"], "faults": []} == want, c["setup"]
+            assert [f.action for f in spec.faults] == [c["fault"]]
+    assert label_of(wb.load_spec("titan-cpu", {"cluster": "slurm", "slurm.nodes": 2})) == "titan 2×1 slurm"
+    assert parse_setup("maxtext-cpu-tiny steps=50 'label=maxtext x1' window=5:9") == Setup(
+        "maxtext-cpu-tiny", {"steps": 50}, "maxtext x1", (5, 9)
+    )
+    with pytest.raises(SpecError, match="setup 'steps=5': expected a config then key=value overrides"):
+        parse_setup("steps=5")
+    with pytest.raises(SpecError, match="setups: 'bogus' not known; allowed: real"):
+        setups_of("bogus")
+    missing = resolve(Setup("no-such-config", label="x"))
+    assert missing[1] is None and missing[2].startswith("config: 'no-such-config' not found")
 
 
 def test_a_kind_that_does_not_apply_to_the_trainer_is_refused_before_submit():
@@ -229,3 +277,50 @@ def test_the_ledger_tells_writing_skipped_and_incomplete_saves_and_checks_the_co
     assert state.checkpoint_status()["incomplete"] == [15]
     committed.unlink()  # a durable event whose file is gone: the marker is not on disk
     assert state.checkpoint_status()["last_durable"]["marker_present"] is False
+
+
+@pytest.mark.slow
+@pytest.mark.titan
+@pytest.mark.maxtext
+def test_one_kill_on_titan_1x2_and_one_on_maxtext_recover_and_the_page_shows_both(run_root, tmp_path):
+    """The real trainers' smallest matrix: titan (one node, two ranks a group) and MaxText (one process),
+    one kill each, and ``node_down``, which neither can get locally. Each trial is its setup's own spec
+    with its one fault; both recover; the markdown page shows the two counts and why node_down did not run."""
+    pytest.importorskip("torchtitan")
+    from workbench.trainers.maxtext.command import maxtext_python
+
+    if not maxtext_python().exists():
+        pytest.skip(f"MaxText's environment {maxtext_python()} is missing: run scripts/setup-maxtext.sh")
+    titan = {"steps": 200, "faults": [], "nproc_per_replica": 2, "titan.overrides": {"training.seq_len": 64}}
+    mx = wb.matrix(
+        faults="kill,node_down",
+        setups=[
+            Setup("titan-cpu-light", titan, window=(20, 40)),
+            Setup("maxtext-cpu-tiny", {"steps": 120, "faults": []}, window=(30, 60)),
+        ],
+        trials=1,
+        seed=2,
+    )
+    try:
+        table = mx.wait(timeout=600)
+    finally:
+        mx.stop()
+        kill_pids(mx.sweep.pids())
+    ran = table[table["why_not"].isna()].set_index("setup")
+    assert list(ran.index) == ["titan 1×2 local", "maxtext ×1 local"]
+    assert (ran["status"] == "done").all() and (ran["recovered"] == 1).all(), table[["setup", *OUTCOMES]]
+    elastic, restart = ran.loc["titan 1×2 local"], ran.loc["maxtext ×1 local"]
+    assert 0 < elastic["detect_median_s"] and elastic["healed_or_restored_median_s"] <= elastic["first_step_median_s"]
+    assert (
+        0 < restart["replacement_median_s"] <= restart["healed_or_restored_median_s"] <= restart["first_step_median_s"]
+    )
+    for t in mx.trials().itertuples():
+        run = wb.attach(t.run_dir)
+        assert (run.spec.trainer, run.spec.nproc_per_replica) == (
+            ("titan", 2) if t.setup.startswith("titan") else ("maxtext", 1)
+        )
+        assert [(f.action, f.at_step) for f in run.spec.faults] == [("kill", t.at_step)]
+    page = mx.markdown()
+    assert "| `kill` | **1/1** | **1/1** |" in page
+    assert "| titan 1×2 local | `node_down` | cannot inject on local |" in page
+    assert "| `node_down` | n/a (backend) | n/a (backend) |" in page

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import base64
 import json
+import subprocess
 import threading
+import time
 from pathlib import Path
 
 import nbformat
@@ -104,6 +106,7 @@ def test_grid_points_and_random_expand_to_points():
         (dict(grid={HB: [500]}, points=[{"seed": 1}]), "give exactly one of grid, points, random (got grid, points)"),
         (dict(random={HB: [500, 1000]}), "n: a random sweep needs n"),
         (dict(grid={HB: [500]}, max_parallel=0), "max_parallel: expected an integer >= 1, got 0"),
+        (dict(grid={HB: [500]}, lock="heavy.lock", lock_turn_s=-1), "lock_turn_s: expected seconds from 0 to 3600"),
     ],
 )
 def test_bad_sweeps_give_a_clear_error_and_create_nothing(run_root, kwargs, message):
@@ -243,6 +246,60 @@ def test_stop_ends_the_running_point_and_skips_the_rest(tracked, run_root):
     assert sw.state() == "stopped"
     assert list(status["state"]) == ["stopped", "skipped"]
     assert sw.pids() == []
+
+
+def _flock_holders(lock: Path) -> tuple[set[int], set[int]]:
+    """(PIDs holding, PIDs blocked waiting for) a flock on ``lock``, from /proc/locks."""
+    inode = f":{lock.stat().st_ino} "
+    held, waiting = set(), set()
+    for line in Path("/proc/locks").read_text().splitlines():
+        if "FLOCK" in line and inode in line:
+            pid = int(line.split("FLOCK")[1].split()[2])
+            (waiting if "->" in line else held).add(pid)
+    return held, waiting
+
+
+def test_a_sweep_with_a_lock_file_takes_turns_run_by_run(tracked, run_root, tmp_path):
+    """``lock=``: while another process holds the file's flock the sweep submits nothing (its controller
+    is queued on the lock, as ``flock(1)`` would be); once it is free, the sweep holds it while its run goes
+    and lets it go at the end."""
+    lock = tmp_path / "heavy.lock"
+    lock.touch()
+    holder = subprocess.Popen(["flock", str(lock), "cat"], stdin=subprocess.PIPE)  # holds until its stdin closes
+    try:
+        wait_until(lambda: holder.pid in _flock_holders(lock)[0] or _child_holds(holder.pid, lock), 30)
+        sw = wb.sweep("demo", {**BASE, "steps": 10}, points=[{"seed": 1}], lock=lock)
+        tracked.append(sw)
+        ctl = sw._controller.pid
+        wait_until(lambda: ctl in _flock_holders(lock)[1], 60)  # queued behind the holder
+        assert sw.point_states() == ["queued"] and sw.runs() == {}
+        holder.stdin.close()
+        holder.wait(timeout=30)
+        run = sw.wait_for_point(0, timeout=60)
+        assert ctl in _flock_holders(lock)[0] or run.state() in ("completed", "failed", "stopped")
+        sw.wait(timeout=180)
+        assert sw.point_states() == ["completed"]
+        assert _flock_holders(lock) == (set(), set())  # let go once its last run ended
+    finally:
+        kill_pids([holder.pid])
+        holder.wait(timeout=30)
+
+
+def _child_holds(pid: int, lock: Path) -> bool:
+    """flock(1) may hold the lock in itself or in the command it runs (its child)."""
+    held, _ = _flock_holders(lock)
+    return any(Path(f"/proc/{p}/stat").exists() and _ppid(p) == pid for p in held)
+
+
+def _ppid(pid: int) -> int:
+    return int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+
+
+def wait_until(predicate, timeout: float) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        assert time.monotonic() < deadline, f"not true within {timeout} s: {predicate}"
+        time.sleep(0.05)
 
 
 # -- the notebook --------------------------------------------------------------------

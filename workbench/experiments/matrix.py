@@ -1,11 +1,14 @@
-"""The fault matrix: every fault kind × trainer × backend, N trials each, as rates and phase distributions.
+"""The fault matrix: every fault kind × setup, N trials each, as rates and phase distributions.
 
-``workbench.matrix("demo", faults=["kill", "hang"], trainers=["torchft-lite", "ddp-restart"], trials=10)``
-plans one *cell* per (fault kind, trainer, backend) and, for each cell the
-backend can inject and the trainer has the target process for, ``trials``
-runs, each with ONE fault at a step drawn uniformly from ``window`` (and, for
-a replica kind, a random target). The runs are the points of an ordinary
-sweep (``workbench.experiments.sweep``: bounded parallelism, resumable, every run a
+``workbench.matrix(faults="all", setups="real", trials=10)`` plans one *cell*
+per (fault kind, setup) (``matrix_plan``: a setup is a trainer's config plus
+overrides, its row label such as ``titan 1×2 local`` or ``maxtext ×2 slurm``;
+``workbench.matrix("demo", faults=["kill", "hang"], trainers=["torchft-lite",
+"ddp-restart"])`` is the older form, trainers × backends over one config) and,
+for each cell that can run, ``trials`` runs, each with ONE fault at a step
+drawn uniformly from the setup's window (and, for a replica kind, a random
+target). The runs are the points of an ordinary sweep
+(``workbench.experiments.sweep``: bounded parallelism, resumable, every run a
 normal run directory); the sweep directory also holds ``matrix.json``, the
 cells and which point is which trial, written once.
 
@@ -29,8 +32,9 @@ matrix`` and the whole CLI import this module), and the recovery phases
 (``analysis.recovery`` milestones: detected, quorum without the victim,
 replacement started, healed or restored, first committed step) are given as
 median and p95 seconds after the fault. A cell that cannot run says why
-(``cannot inject on <backend>``, ``no <process> in <trainer>``) and stays in
-the table.
+(``cannot inject on <backend>``, ``no <process> in <trainer>``, the setup's
+spec error: ``matrix_plan``) and stays in the table; ``matrix_markdown``
+renders the table for ``docs/``.
 """
 
 from __future__ import annotations
@@ -46,17 +50,17 @@ import plotly.graph_objects as go
 
 from workbench import analysis
 from workbench.analysis.recovery import UNPLANNED
-from workbench.cluster import backend_names
 from workbench.errors import SpecError
 from workbench.events.reader import EventReader
+from workbench.experiments.matrix_markdown import render
+from workbench.experiments.matrix_plan import Setup, plan, setups_from, setups_of
 from workbench.experiments.soak import unexplained_crashes
 from workbench.experiments.sweep import Sweep, attach_sweep, sweep
-from workbench.faults import kinds as faultkinds
 from workbench.run.rundir import write_json_text
 from workbench.spec.load import load_spec
 from workbench.spec.models import Spec
 from workbench.state.run_status import run_state_of
-from workbench.trainers.registry import trainer_kind, trainer_names
+from workbench.trainers.registry import trainer_kind
 
 MATRIX_JSON = "matrix.json"
 OUTCOMES = ("recovered", "survivors_crashed", "unrecovered", "run_failed", "not_injected")
@@ -69,62 +73,6 @@ PHASES = {
 }
 
 
-def _names(value, what: str, allowed: Sequence[str]) -> list[str]:
-    items = value.split(",") if isinstance(value, str) else list(value or [])
-    items = [str(v).strip() for v in items if str(v).strip()]
-    if not items:
-        raise SpecError(f"{what}: give at least one; allowed: {', '.join(allowed)}")
-    bad = [v for v in items if v not in allowed]
-    if bad:
-        raise SpecError(f"{what}: {', '.join(map(repr, bad))} not known; allowed: {', '.join(allowed)}")
-    return list(dict.fromkeys(items))
-
-
-def plan(
-    base: Spec,
-    faults,
-    trainers=None,
-    backends=None,
-    trials: int = 10,
-    window: Optional[tuple[int, int]] = None,
-    seed: int = 0,
-    seconds: Optional[float] = None,
-) -> tuple[list[dict], list[dict]]:
-    """The cells and the points (one per trial of a runnable cell); pure, nothing created."""
-    faults = _names(faults, "faults", faultkinds.names())
-    trainers = _names(trainers or [base.trainer], "trainers", trainer_names())
-    backends = _names(backends or [base.cluster], "backends", backend_names())
-    if isinstance(trials, bool) or not isinstance(trials, int) or trials < 1:
-        raise SpecError(f"trials: expected an integer >= 1, got {trials!r}")
-    lo, hi = window or (max(1, base.steps // 5), max(1, base.steps // 2))
-    if not 1 <= lo <= hi < base.steps:
-        raise SpecError(f"window: expected 1 <= first <= last < steps ({base.steps}), got {lo}:{hi}")
-    rng = np.random.default_rng(seed)
-    cells, points = [], []
-    for fault in faults:
-        kind = faultkinds.KINDS[fault]
-        for trainer in trainers:
-            tk = trainer_kind(trainer)
-            for backend in backends:
-                cell = {"cell": len(cells), "fault": fault, "trainer": trainer, "backend": backend, "points": []}
-                if not kind.supported_on(backend):
-                    cell["why_not"] = f"cannot inject on {backend}"
-                elif not kind.supported_by(tk):
-                    cell["why_not"] = f"no {kind.process} in {trainer}"
-                cells.append(cell)
-                if "why_not" in cell:
-                    continue
-                for _trial in range(trials):
-                    f = {"action": fault, "at_step": int(rng.integers(lo, hi + 1))}
-                    if kind.targets == "replica":
-                        f["target"] = int(rng.integers(base.replicas))
-                    if kind.has_duration and seconds is not None:
-                        f["seconds"] = float(seconds)
-                    cell["points"].append(len(points))
-                    points.append({"trainer": trainer, "cluster": backend, "faults": [f]})
-    return cells, points
-
-
 def matrix(
     spec: Union[str, os.PathLike, Mapping[str, Any], Spec, None] = "demo",
     overrides: Union[Sequence[str], Mapping[str, Any], None] = None,
@@ -132,28 +80,50 @@ def matrix(
     faults: Union[str, Sequence[str]] = ("kill", "hang", "preempt", "abort"),
     trainers: Union[str, Sequence[str], None] = None,
     backends: Union[str, Sequence[str], None] = None,
+    setups: Union[str, Sequence[Union[str, Setup]], None] = None,
     trials: int = 10,
     window: Optional[tuple[int, int]] = None,
     seed: int = 0,
     seconds: Optional[float] = None,
     max_parallel: Optional[int] = None,
+    lock: Union[str, os.PathLike, None] = None,
+    lock_turn_s: float = 0.0,
 ) -> "Matrix":
     """Plan the matrix, check every trial's spec, start its sweep; returns at once (see the module docstring).
 
-    ``seconds``: how long a fault that lasts (``hang``) lasts (default: the kind's).
+    The rows are ``setups`` (a name in ``matrix_plan.SETUP_GROUPS`` such as ``"real"``, or a list of
+    ``Setup``/``"config key=value ..."``), each from its own config; without them, ``trainers`` ×
+    ``backends`` over ``spec`` (``overrides`` apply to those only). ``seconds``: how long a fault that
+    lasts (``hang``) lasts (default: the kind's). ``lock``: a file the sweep holds a ``flock`` on run by
+    run, or for turns of ``lock_turn_s`` (``workbench.experiments.sweep``).
     """
-    base = load_spec(spec, overrides)
-    base = load_spec(base.to_dict(), {"faults": [], "chaos": None})
-    cells, points = plan(base, faults, trainers, backends, trials, window, seed, seconds)
-    if not points:
+    if setups is not None:
+        if trainers is not None or backends is not None or overrides:
+            raise SpecError("setups: give setups, or trainers/backends over one config, not both")
+        rows = setups_of(setups)
+    else:
+        base = load_spec(spec, overrides)
+        rows = setups_from(load_spec(base.to_dict(), {"faults": [], "chaos": None}), trainers, backends)
+    base, cells, points = plan(faults, rows, trials, window, seed, seconds)
+    if base is None or not points:
         raise SpecError(
-            "matrix: no cell can run: "
-            + "; ".join(f"{c['fault']} × {c['trainer']} × {c['backend']}: {c['why_not']}" for c in cells)
+            "matrix: no cell can run: " + "; ".join(f"{c['fault']} × {c['setup']}: {c['why_not']}" for c in cells)
         )
-    sw = sweep(base, points=points, max_parallel=max_parallel)
+    sw = sweep(base, points=points, max_parallel=max_parallel, lock=lock, lock_turn_s=lock_turn_s)
     write_json_text(
         sw.sweep_dir / MATRIX_JSON,
-        json.dumps({"cells": cells, "trials": trials, "window": window, "seed": seed}, indent=1) + "\n",
+        json.dumps(
+            {
+                "cells": cells,
+                "trials": trials,
+                "window": window,
+                "seed": seed,
+                "setups": setups if isinstance(setups, str) else None,
+                "faults": faults if isinstance(faults, str) else ",".join(faults),
+            },
+            indent=1,
+        )
+        + "\n",
     )
     return Matrix(sw.sweep_dir, sweep=sw)
 
@@ -224,12 +194,13 @@ class Matrix:
         points = self.sweep.points
         rows = []
         for c in self.cells:
-            elastic = trainer_kind(c["trainer"]).elastic
+            elastic = bool(c["points"]) and trainer_kind(c["trainer"]).elastic
             for trial, p in enumerate(c["points"]):
                 run = runs.get(p)
                 row = {
                     "cell": c["cell"],
                     "fault": c["fault"],
+                    "setup": c.get("setup"),
                     "trainer": c["trainer"],
                     "backend": c["backend"],
                     "trial": trial,
@@ -238,7 +209,8 @@ class Matrix:
                     "target": points[p]["faults"][0].get("target"),
                     "run_dir": str(run.run_dir) if run is not None else None,
                 }
-                if run is not None and run.state() in ("completed", "failed", "stopped"):
+                # a stopped trial (the matrix's stop, a person's) is no result: it counts as not run
+                if run is not None and run.state() in ("completed", "failed"):
                     row.update(self._outcome(run.run_dir, elastic))
                 else:
                     row.update({"outcome": None, "injected": None, **dict.fromkeys(PHASES, np.nan)})
@@ -248,6 +220,7 @@ class Matrix:
             columns=[
                 "cell",
                 "fault",
+                "setup",
                 "trainer",
                 "backend",
                 "trial",
@@ -281,8 +254,10 @@ class Matrix:
             done = t[t["outcome"].notna()]
             row = {
                 "fault": c["fault"],
+                "setup": c.get("setup") or f"{c['trainer']} / {c['backend']}",
                 "trainer": c["trainer"],
                 "backend": c["backend"],
+                "why_not": c.get("why_not"),
                 "status": c.get("why_not") or ("done" if len(done) == len(t) else f"{len(done)}/{len(t)} done"),
                 "trials": len(t),
                 **{o: int((done["outcome"] == o).sum()) for o in OUTCOMES},
@@ -298,9 +273,10 @@ class Matrix:
         return pd.DataFrame(rows)
 
     def cell_timelines(self, fault: str, trainer: str, backend: Optional[str] = None) -> pd.DataFrame:
-        """The recovery timeline rows of one cell's trials (one fault each), with their run directories."""
+        """The recovery timeline rows of one cell's trials (one fault each), with their run directories;
+        ``trainer`` is a trainer's name or a setup's label."""
         trials = self.trials()
-        pick = (trials["fault"] == fault) & (trials["trainer"] == trainer)
+        pick = (trials["fault"] == fault) & ((trials["trainer"] == trainer) | (trials["setup"] == trainer))
         if backend is not None:
             pick &= trials["backend"] == backend
         frames = []
@@ -312,19 +288,24 @@ class Matrix:
     def heatmap(self, value: str = "rate"):
         return heatmap_figure(self.table(), value)
 
+    def markdown(self, title: Optional[str] = None, level: int = 1, note: Optional[str] = None) -> str:
+        """The table as the markdown ``docs/matrix.md`` holds (``matrix_markdown``)."""
+        table, trials = self.table(), self.trials()
+        return render(table, self.record, trials, title=title, matrix_dir=self.matrix_dir, level=level, note=note)
+
 
 def heatmap_figure(table: pd.DataFrame, value: str = "rate"):
-    """Fault kinds (rows) × trainer/backend (columns), coloured by ``value`` (``rate``, ``first_step_p95_s``, ...);
+    """Fault kinds (rows) × setups (columns), coloured by ``value`` (``rate``, ``first_step_p95_s``, ...);
     a cell that cannot run is blank with its reason as text."""
-    cols = list(dict.fromkeys(f"{r.trainer} / {r.backend}" for r in table.itertuples()))
+    cols = list(dict.fromkeys(table["setup"]))
     rows = list(dict.fromkeys(table["fault"]))
     z = np.full((len(rows), len(cols)), np.nan)
     text = [["" for _ in cols] for _ in rows]
     for r in table.itertuples():
-        i, j = rows.index(r.fault), cols.index(f"{r.trainer} / {r.backend}")
+        i, j = rows.index(r.fault), cols.index(r.setup)
         v = getattr(r, value)
-        if r.status.startswith(("cannot", "no ")):
-            text[i][j] = r.status
+        if isinstance(r.why_not, str):
+            text[i][j] = r.why_not
             continue
         z[i, j] = v
         n = r.trials - r.not_injected

@@ -142,10 +142,25 @@ def build_parser() -> argparse.ArgumentParser:
     s.add_argument("--detach", action="store_true", help="return once the sweep controller is started")
     s.set_defaults(fn=cmd_sweep)
 
-    s = sub.add_parser("matrix", help="fault kinds × trainers × backends, N runs each: recovery rates and phases")
-    s.add_argument("config")
+    s = sub.add_parser("matrix", help="fault kinds × setups (or trainers × backends), N runs each: rates and phases")
+    s.add_argument("config", nargs="?", default=None, help="the config trainers × backends run over")
     s.add_argument("overrides", nargs="*", help="key=value for every trial")
-    s.add_argument("--faults", default="kill,hang,preempt,abort", help="comma-separated fault kinds")
+    s.add_argument("--faults", default="kill,hang,preempt,abort", help="comma-separated fault kinds, or all")
+    s.add_argument("--setups", default=None, help="a named list of setups (real: titan, titan-restart, maxtext)")
+    s.add_argument(
+        "--setup",
+        action="append",
+        default=None,
+        help="one setup: 'CONFIG key=value ... [label=...] [window=A:B]' (repeat for each row)",
+    )
+    s.add_argument(
+        "--attach", action="append", default=None, help="a matrix directory (repeatable): show it, start nothing"
+    )
+    s.add_argument("--markdown", default=None, help="write the table as markdown to this file (e.g. docs/matrix.md)")
+    s.add_argument("--title", default=None, help="the markdown page's title")
+    s.add_argument("--note", default=None, help="a paragraph for the page: the machine, its load, what else ran")
+    s.add_argument("--lock", default=None, help="a file to hold a flock on while each run goes (take turns)")
+    s.add_argument("--lock-turn", type=float, default=0.0, help="with --lock: keep it across runs for this many s")
     s.add_argument("--trainers", default=None, help="comma-separated trainers (default: the config's)")
     s.add_argument("--backends", default=None, help="comma-separated backends (default: the config's cluster)")
     s.add_argument("--trials", type=int, default=10, help="runs per cell")

@@ -12,11 +12,13 @@ from __future__ import annotations
 
 import json
 import os
+from pathlib import Path
 
 from workbench.apps.cli.runs import follow
 from workbench.cluster.slurm.drill import drill
 from workbench.errors import SpecError
-from workbench.experiments.matrix import OUTCOMES, matrix
+from workbench.experiments.matrix import OUTCOMES, attach_matrix, matrix
+from workbench.experiments.matrix_plan import parse_window
 from workbench.experiments.sweep import attach_sweep, list_sweeps, sweep
 from workbench.run.listing import runs_listing
 from workbench.spec.load import parse_override
@@ -65,33 +67,58 @@ def cmd_sweep(args) -> int:
 
 
 def cmd_matrix(args) -> int:
-    window = None
-    if args.window:
-        lo, _, hi = args.window.partition(":")
-        try:
-            window = (int(lo), int(hi))
-        except ValueError:
-            raise SpecError(f"window: expected FIRST:LAST steps such as 5:15, got {args.window!r}") from None
-    mx = matrix(
-        args.config,
-        args.overrides,
-        faults=args.faults,
-        trainers=args.trainers,
-        backends=args.backends,
-        trials=args.trials,
-        window=window,
-        seed=args.seed,
-        seconds=args.seconds,
-        max_parallel=args.max_parallel,
-    )
-    print(mx.matrix_dir, flush=True)
-    if not follow(mx.sweep, args.detach):
-        return 0
+    window = parse_window(args.window) if args.window else None
+    if args.attach:
+        mxs = [attach_matrix(d) for d in args.attach]
+    else:
+        setups = args.setup or args.setups
+        if setups is None and args.config is None:
+            raise SpecError("matrix: give a config (trainers × backends over it), --setups NAME or --setup ...")
+        if setups is not None and args.config is not None:
+            raise SpecError("matrix: a config is for trainers × backends; with --setup(s) each setup names its own")
+        mx = matrix(
+            args.config,
+            args.overrides,
+            faults=args.faults,
+            trainers=args.trainers,
+            backends=args.backends,
+            setups=setups,
+            trials=args.trials,
+            window=window,
+            seed=args.seed,
+            seconds=args.seconds,
+            max_parallel=args.max_parallel,
+            lock=args.lock,
+            lock_turn_s=args.lock_turn,
+        )
+        print(mx.matrix_dir, flush=True)
+        if not follow(mx.sweep, args.detach):
+            return 0
+        mxs = [mx]
+    for mx in mxs:
+        _print_table(mx)
+    if args.markdown:
+        if len(mxs) == 1:
+            page = mxs[0].markdown(title=args.title, note=args.note)
+        else:  # one page, a section per matrix run
+            page = (
+                f"# {args.title or 'The fault matrix'}\n\n"
+                + (f"{args.note}\n\n" if args.note else "")
+                + "\n".join(
+                    mx.markdown(title=f"Run {i + 1}: {', '.join(dict.fromkeys(mx.table()['setup']))}", level=2)
+                    for i, mx in enumerate(mxs)
+                )
+            )
+        Path(args.markdown).write_text(page)
+        print(f"wrote {args.markdown}")
+    return 0
+
+
+def _print_table(mx) -> None:
     table = mx.table()
     cols = [
         "fault",
-        "trainer",
-        "backend",
+        "setup",
         "status",
         "trials",
         *OUTCOMES,
@@ -101,7 +128,6 @@ def cmd_matrix(args) -> int:
         *[c for c in table.columns if c.endswith("_median_s") or c.endswith("_p95_s")],
     ]
     print(table[cols].to_string(index=False, float_format=lambda v: f"{v:.2f}"))
-    return 0
 
 
 def cmd_drill(args) -> int:

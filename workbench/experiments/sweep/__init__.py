@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import warnings
+from pathlib import Path
 from typing import Any, Mapping, Optional, Sequence, Union
 
 from workbench.cluster import backend_class
@@ -61,12 +62,17 @@ def sweep(
     n: Optional[int] = None,
     seed: int = 0,
     max_parallel: Optional[int] = None,
+    lock: Union[str, os.PathLike, None] = None,
+    lock_turn_s: float = 0.0,
 ) -> "Sweep":
     """Validate every point, write the sweep directory, start the sweep controller; returns at once.
 
     ``spec``/``overrides`` are the base, as for ``workbench.submit``. Keys of
     ``grid``/``points``/``random`` are dotted spec keys. Nothing is created or
-    submitted unless every point is a valid spec.
+    submitted unless every point is a valid spec. ``lock``: a file the sweep holds an exclusive
+    ``flock`` on while any of its runs is going and lets go of between runs (``flock(1)``'s lock:
+    heavy work on a shared machine takes turns with other users of the same file, run by run;
+    ``lock_turn_s``: keep it across runs until a turn has lasted that long).
     """
     base = load_spec(spec, overrides)
     preflight(base)
@@ -81,5 +87,10 @@ def sweep(
     for message in dict.fromkeys(m for s in specs for m in preflight(s)):
         warnings.warn(message, stacklevel=2)
 
-    sweep_dir = sweepdir.create(base, plist, max_parallel, grid=grid, random=random, n=n, seed=seed)
+    lock = str(Path(lock).expanduser().resolve()) if lock is not None else None
+    if isinstance(lock_turn_s, bool) or not isinstance(lock_turn_s, (int, float)) or not 0 <= lock_turn_s <= 3600:
+        raise SpecError(f"lock_turn_s: expected seconds from 0 to 3600, got {lock_turn_s!r}")
+    sweep_dir = sweepdir.create(
+        base, plist, max_parallel, grid=grid, random=random, n=n, seed=seed, lock=lock, lock_turn_s=lock_turn_s
+    )
     return Sweep(sweep_dir, _controller=controller.start(sweep_dir))

@@ -7,6 +7,11 @@ directory under the run root, named ``<name>-p<i>``) whenever fewer than
 ``max_parallel`` of its runs have not ended, and writes ``sweep_end`` once
 every run has. Its ``submit`` events are the index of point -> run dir, so the
 same command started again resumes a sweep without submitting a point twice.
+A sweep with a ``lock`` file holds an exclusive ``flock`` on it from before
+it submits a run until none of its runs is going (so, one run at a time, run
+by run), or, given ``lock_turn_s``, until that long has passed since it took
+it and none is going (a turn of several short runs); a thread waits for it,
+so the stop signal is still heard.
 SIGTERM (``Sweep.stop()``) means: submit nothing more, stop the runs still
 going, write ``sweep_end state=stopped``. The files use the event-log protocol
 of ``workbench/events.py``.
@@ -18,9 +23,12 @@ at a time like any other.
 
 from __future__ import annotations
 
+import fcntl
+import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any, Optional
@@ -58,6 +66,33 @@ class SweepController:
         self.errors = {e["point"] for e in previous if e.get("kind") == "point_error"}
         self.writer = EventWriter(self.sweep_dir, "controller", sweep=self.record["sweep_id"])
         self.stopping = False
+        self.lock: Optional[str] = self.record.get("lock")
+        self._lock_fd: Optional[int] = None
+        self._waiter: Optional[threading.Thread] = None
+        self._lock_used = False  # a run was submitted under the lock held now
+        self._lock_since = 0.0
+
+    def _hold_lock(self) -> bool:
+        """Whether the sweep holds its lock now (True without a lock). A thread waits for it in a blocking
+        ``flock``, as ``flock(1)`` does, so the sweep queues with the others instead of polling past them."""
+        if self.lock is None or self._lock_fd is not None:
+            return True
+        if self._waiter is None or not self._waiter.is_alive():
+            self._waiter = threading.Thread(target=self._wait_for_lock, args=(self.lock,), daemon=True)
+            self._waiter.start()
+        return False
+
+    def _wait_for_lock(self, path: str) -> None:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        self._lock_since = time.monotonic()
+        self._lock_fd = fd
+
+    def _let_go(self) -> None:
+        if self._lock_fd is not None:
+            os.close(self._lock_fd)  # closing the last descriptor releases the flock
+            self._lock_fd = None
+        self._lock_used = False
 
     def _on_stop_signal(self, *_: Any) -> None:
         self.stopping = True
@@ -86,6 +121,7 @@ class SweepController:
                 "sweep_end", state=state, reason=reason, points={i: r.state() for i, r in sorted(self.runs.items())}
             )
             self.writer.close()
+            self._let_go()
         return state
 
     def _loop(self) -> tuple[str, str]:
@@ -95,7 +131,10 @@ class SweepController:
                 self._stop_runs()
                 return "stopped", "stop requested"
             live = [r for r in self.runs.values() if r.state() not in ENDED]
-            while pending and len(live) < self.max_parallel and not self.stopping:
+            turn_over = time.monotonic() - self._lock_since >= float(self.record.get("lock_turn_s") or 0)
+            if not live and self._lock_used and turn_over:  # the next run queues for the lock again
+                self._let_go()
+            while pending and len(live) < self.max_parallel and not self.stopping and self._hold_lock():
                 i = pending.pop(0)
                 try:
                     spec = point_spec(self.record["base"], self.points[i], i)
@@ -105,6 +144,7 @@ class SweepController:
                     self.writer.emit("point_error", point=i, message=f"{type(e).__name__}: {e}")
                     continue
                 self.runs[i] = run
+                self._lock_used = self.lock is not None
                 live.append(run)
                 self.writer.emit("submit", point=i, run_id=run.id, run_dir=str(run.run_dir), params=self.points[i])
             if not pending and not live:

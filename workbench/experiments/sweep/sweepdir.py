@@ -42,6 +42,8 @@ def create(
     random: Optional[Mapping[str, Sequence[Any]]] = None,
     n: Optional[int] = None,
     seed: int = 0,
+    lock: Optional[str] = None,
+    lock_turn_s: float = 0.0,
 ) -> Path:
     """Create ``<run_root>/sweeps/<sweep-id>/`` for ``base`` and write ``sweep.json`` once, atomically.
 
@@ -64,6 +66,8 @@ def create(
         "seed": seed if random is not None else None,
         "points": points,
         "max_parallel": max_parallel,
+        "lock": lock,
+        "lock_turn_s": lock_turn_s,
         "created": _dt.datetime.now(_dt.timezone.utc).isoformat(),
         "user": getpass.getuser(),
         "host": socket.gethostname(),
