@@ -11,7 +11,13 @@ under one recorded fault trace (``algorithms``: :mod:`bench.algorithms`, its own
 the live loss plot in the kernel and in chromium (``live_plot``: :mod:`bench.live_plot`), and the fork server
 against submitit's LocalExecutor (``forkserver``: :mod:`bench.forkserver`), and how fast a semi-synchronous round
 gets over a fault (``syncfaults``: :mod:`bench.syncfaults`), and the straggler score fault-free and under a
-``straggler`` fault (``straggler``: :mod:`bench.straggler`), each its own section.
+``straggler`` fault (``straggler``: :mod:`bench.straggler`), and TorchTitan's kill → participating with the
+replacement's phases (``titan_recovery``: :mod:`bench.titan_recovery`), and MaxText's restart → first step with
+its phases, standby against cold (``maxtext_restart``: :mod:`bench.maxtext_restart`), and TorchTitan elastic
+against TorchTitan's own checkpoint-restart under one recorded kill trace (``titan_restart``:
+:mod:`bench.titan_restart`), each its own section.
+The survivor stall under chaos and the live groups evicted meanwhile (``stall``: :mod:`bench.stall`,
+``--set stall_minutes=N``) is its own section too.
 ``--only`` runs a subset and replaces only those sections of ``--out``. A run
 or section that fails is listed at the end and the exit status is 1. The
 process renices itself (and so every run it starts) by 10: the machine is shared.
@@ -34,13 +40,17 @@ from . import (
     heal,
     live_plot,
     machine,
+    maxtext_restart,
     pipeline,
     recovery,
     report,
     sessions,
+    stall,
     stepcost,
     straggler,
     syncfaults,
+    titan_recovery,
+    titan_restart,
     torchft_logs,
 )
 from .sessions import TORCHFT, TORCHFT_NO_EVENTS, TORCHFT_SPARE, ddp_restart
@@ -62,6 +72,7 @@ FULL = dict(
     stepcost_reps=5,
     stepcost_window_s=16.0,
     stepcost_pair_reps=5,
+    stall_minutes=30.0,
 )
 QUICK = dict(
     clean_window_s=15.0,
@@ -77,6 +88,7 @@ QUICK = dict(
     stepcost_reps=1,
     stepcost_window_s=10.0,
     stepcost_pair_reps=0,
+    stall_minutes=3.0,
 )
 
 
@@ -94,6 +106,10 @@ SECTIONS = (
     "forkserver",
     "syncfaults",
     "straggler",
+    "stall",
+    "titan_recovery",
+    "maxtext_restart",
+    "titan_restart",
 )
 
 
@@ -157,6 +173,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     crashed: list[dict] = []
     strag = None
+    stall_m = None
+    titan = None
+    mt_restart = None
+    titan_rs = None
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
         ddp = ddp_restart(cfg["checkpoint_every_s"])
@@ -207,6 +227,20 @@ def main(argv: list[str] | None = None) -> int:
         if "straggler" in only:
             print("[straggler score] three groups fault-free (5 min; --quick 1 min), then each throttled in turn")
             strag = _section(crashed, "straggler", straggler.measure, 60.0 if args.quick else 300.0, root)
+        if "titan_recovery" in only:
+            print("[titan recovery] kill -> participating and the replacement's phases, 1 and 2 ranks/group")
+            titan = _section(crashed, "titan_recovery", titan_recovery.measure, 3 if args.quick else 6, 15.0, root)
+        if "maxtext_restart" in only:
+            print("[maxtext restart] restart -> first step and its phases, standby vs cold, one process")
+            mt_restart = _section(crashed, "maxtext_restart", maxtext_restart.measure, 3 if args.quick else 5, root)
+        if "titan_restart" in only:
+            print("[titan restart] TorchTitan elastic vs its own checkpoint-restart, one recorded kill trace")
+            titan_rs = _section(
+                crashed, "titan_restart", titan_restart.measure, root, **titan_restart.settings(args.quick)
+            )
+        if "stall" in only:
+            print(f"[survivor stall] the demo under chaos for {cfg['stall_minutes']:g} min, a second demo beside it")
+            stall_m = _section(crashed, "stall", stall.measure, cfg["stall_minutes"], root)
         if "live_plot" in only:
             print("[live plot] kernel-side update cost at 100k points, event -> drawn in chromium")
             lp = _section(
@@ -258,6 +292,8 @@ def main(argv: list[str] | None = None) -> int:
         results["forkserver"] = fork
     if lp is not None:
         results["live_plot"] = lp
+    if titan is not None:
+        results["titan_recovery"] = titan
     results["machine"]["loadavg_at_end"] = machine.loadavg()
     results["machine"]["bench_wall_s"] = time.time() - t_start
     if args.only:
@@ -272,6 +308,14 @@ def main(argv: list[str] | None = None) -> int:
         _write_marked(out, "syncfaults", syncfaults.render(sync))
     if strag is not None:
         _write_marked(out, "straggler", straggler.render(strag))
+    if stall_m is not None:
+        _write_marked(out, "stall", stall.render(stall_m))
+    if titan is not None:
+        _write_marked(out, "titan_recovery", titan_recovery.render(titan))
+    if mt_restart is not None:
+        _write_marked(out, "maxtext_restart", maxtext_restart.render(mt_restart))
+    if titan_rs is not None:
+        _write_marked(out, "titan_restart", titan_restart.render(titan_rs))
     if lp is not None:
         _write_marked(
             out,
