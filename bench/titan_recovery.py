@@ -3,7 +3,8 @@
 ``python -m bench.titan_recovery [--kills 6] [--every 15]``: ``configs/titan-cpu.yaml`` (two groups of the
 llama3 debug model on this machine's CPU, one node) with replica 1 SIGKILLed every ``every`` seconds,
 ``kills`` times, for each variant: one rank per group with its ranks forked warm from the job (the
-default, ``trainers/forked.py``), two ranks per group forked warm, and one rank per group exec'd as fresh
+default, ``trainers/forked.py``), two ranks per group forked warm, one rank per group with a hot spare (a
+job started and ready before the kill takes the group over: ``titan/spare.py``), and one rank per group exec'd as fresh
 interpreters (``WORKBENCH_TITAN_WARM_RANKS=0``, the path before warm ranks, for comparison). Per kill the
 recovery timeline's kill → participating and the replacement's phases
 (``workbench.analysis.phases``): seconds after the kill to its start, imports, config, distributed
@@ -25,22 +26,23 @@ import workbench as wb
 from workbench import analysis
 from workbench.analysis.phases import phase_medians, replacement_phases
 
-VARIANTS = {  # name -> (nproc_per_replica, WORKBENCH_TITAN_WARM_RANKS)
-    "1 rank/group, warm": (1, "1"),
-    "2 ranks/group, warm": (2, "1"),
-    "1 rank/group, exec": (1, "0"),
+VARIANTS = {  # name -> (nproc_per_replica, WORKBENCH_TITAN_WARM_RANKS, spares)
+    "1 rank/group, warm": (1, "1", 0),
+    "2 ranks/group, warm": (2, "1", 0),
+    "1 rank/group, hot spare": (1, "1", 1),
+    "1 rank/group, exec": (1, "0", 0),
 }
-TARGETS = {"1 rank/group, warm": 5.0, "2 ranks/group, warm": 8.0}  # the targets, seconds
+TARGETS = {"1 rank/group, warm": 5.0, "2 ranks/group, warm": 8.0, "1 rank/group, hot spare": 2.0}  # seconds
 FIRST_KILL_S = 20.0
 
 
 def one(variant: str, kills: int, every: float, root: Path) -> pd.DataFrame:
-    nproc, warm = VARIANTS[variant]
+    nproc, warm, spares = VARIANTS[variant]
     os.environ["WORKBENCH_TITAN_WARM_RANKS"] = warm
     os.environ["WORKBENCH_RUN_ROOT"] = str(root)
     faults = [{"action": "kill", "target": 1, "at_s": FIRST_KILL_S + i * every} for i in range(kills)]
     load = os.getloadavg()[0]
-    run = wb.submit("titan-cpu", {"steps": 100_000, "nproc_per_replica": nproc, "faults": faults})
+    run = wb.submit("titan-cpu", {"steps": 100_000, "nproc_per_replica": nproc, "spares": spares, "faults": faults})
     try:
         deadline = time.time() + FIRST_KILL_S + kills * every + 240
         while time.time() < deadline and run.state() not in ("completed", "failed", "stopped"):
@@ -55,12 +57,12 @@ def one(variant: str, kills: int, every: float, root: Path) -> pd.DataFrame:
     return frame.assign(variant=variant, run_dir=str(run.run_dir), load_start=load, load_end=os.getloadavg()[0])
 
 
-def measure(kills: int = 6, every: float = 15.0, root: Path | None = None) -> pd.DataFrame:
+def measure(kills: int = 6, every: float = 15.0, root: Path | None = None, variants=None) -> pd.DataFrame:
     old = {k: os.environ.get(k) for k in ("WORKBENCH_TITAN_WARM_RANKS", "WORKBENCH_RUN_ROOT")}
     frames = []
     try:
         with tempfile.TemporaryDirectory(prefix="wb-bench-titan-") as tmp:
-            for variant in VARIANTS:
+            for variant in variants or VARIANTS:
                 frames.append(one(variant, kills, every, Path(root or tmp)))
                 print(f"[titan recovery] {variant}:\n{frames[-1].round(2).to_string()}", flush=True)
     finally:
@@ -114,9 +116,10 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.titan_recovery", description=__doc__.splitlines()[0])
     ap.add_argument("--kills", type=int, default=6)
     ap.add_argument("--every", type=float, default=15.0)
+    ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="only these (default: all)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    df = measure(args.kills, args.every)
+    df = measure(args.kills, args.every, variants=args.variant)
     print("\n".join(render(df)))
     print(f"({time.time() - t0:.0f} s)")
     return 0 if df["participating"].notna().all() else 1

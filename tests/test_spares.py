@@ -98,3 +98,40 @@ def test_a_hot_spare_replaces_a_killed_group_heals_and_is_replaced(start_run):
     assert new_spare["t"] > fault["t"] and new_spare["pid"] != spare_start["pid"]
     run.stop()
     assert run.pids() == []
+
+
+@pytest.mark.titan
+def test_a_titan_hot_spare_takes_over_a_killed_group_and_heals(start_run):
+    """TorchTitan: the spare job, started and ready before the kill, becomes the group's next attempt; its
+    ranks start after the assignment (their replica id is a flag), heal from the live peer and take part."""
+    run = start_run("titan-cpu-light", {"spares": 1, "steps": 100000})
+    run.wait_for(lambda r: any(e["kind"] == "phase" and e.get("phase") == "spare_ready" for e in r.events_read), 240)
+    run.wait_for_step(20, timeout=240)
+    fault = run.kill(replica=1)
+
+    def back(e):
+        return (
+            e["kind"] == "step"
+            and e["replica"] == 1
+            and e["attempt"] == 1
+            and e.get("participating")
+            and e["committed"]
+        )
+
+    run.wait_for(lambda r: any(back(e) for e in r.events_read), 180)
+    events = run.event_records()
+    spare_start = next(e for e in events if e["kind"] == "start" and e.get("spare") == 0 and e.get("replica") is None)
+    ready = next(e for e in events if e["kind"] == "phase" and e.get("phase") == "spare_ready" and e.get("spare") == 0)
+    assert spare_start["role"] == "spare" and ready["t"] < fault["t"]
+    restart = next(e for e in events if e["kind"] == "restart" and e.get("replica") == 1)
+    assert restart["spare"] == 0 and restart["attempt"] == 1
+    start = next(e for e in events if e["kind"] == "start" and e.get("replica") == 1 and e.get("attempt") == 1)
+    assert start["from_spare"] == 0 and (start["pid"], start["pid_start"]) == (
+        spare_start["pid"],
+        spare_start["pid_start"],
+    )
+    heal = next(e for e in events if e["kind"] == "heal" and e["replica"] == 1 and e["attempt"] == 1)
+    first = min((e for e in events if back(e)), key=lambda e: e["t"])
+    assert fault["t"] < heal["t"] <= first["t"]
+    run.stop()
+    assert run.pids() == []

@@ -32,22 +32,27 @@ def test_every_trainer_names_a_module_with_run():
 
 @pytest.mark.parametrize("name", trainer_names())
 def test_a_spec_with_spares_is_refused_for_a_trainer_without_them(name):
-    """Hot spares exist for torchft-lite only; any other trainer's spec asking for one is refused
-    with the trainer that has them named (the table's answer, as a user meets it)."""
+    """Hot spares exist for torchft-lite and titan only; any other trainer's spec asking for one is refused
+    with the trainers that have them named (the table's answer, as a user meets it)."""
     from workbench.errors import SpecError
     from workbench.spec.load import load_spec
 
-    if name == "torchft-lite":
+    if name in ("torchft-lite", "titan"):
         assert load_spec("demo", {"trainer": name, "spares": 1}).spares == 1
     else:
-        with pytest.raises(SpecError, match=r"spares \(1\): hot spares are implemented for trainer torchft-lite only"):
+        with pytest.raises(
+            SpecError, match=r"spares \(1\): hot spares are implemented for trainer torchft-lite, titan only"
+        ):
             load_spec("demo", {"trainer": name, "spares": 1})
 
 
 def test_unknown_trainer_names_the_allowed_ones():
     with pytest.raises(KeyError) as err:
         trainer_kind("pytorch-lightning")
-    assert str(err.value) == "trainer: 'pytorch-lightning'; allowed: torchft-lite, titan, maxtext, ddp-restart"
+    assert (
+        str(err.value)
+        == "trainer: 'pytorch-lightning'; allowed: torchft-lite, titan, maxtext, ddp-restart, titan-restart"
+    )
 
 
 def test_only_committed_checkpoint_names_are_durable(tmp_path):

@@ -143,6 +143,7 @@ KINDS: tuple[TrainerKind, ...] = (
         sections=("titan", "torchft", "lighthouse"),
         checkpoint_period="titan.checkpoint_interval",
         warm_up="workbench.trainers.titan.rank:warm_up",
+        supports_spares=True,
         store_host="group",
         rank0="child_rank0",
         algorithms=("ddp", "localsgd", "diloco", "streaming_diloco"),

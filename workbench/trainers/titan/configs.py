@@ -92,3 +92,21 @@ def tiny_llama3(*, dim: int, n_layers: int, n_heads: int, vocab_size: int):
         lm_head=Linear.Config(in_features=dim, out_features=vocab_size, param_init=head),
         layers=layers,
     )
+
+
+def llama3_torchft_8b():
+    """Config function (``--module workbench.trainers.titan.configs --config llama3_torchft_8b``).
+
+    torchtitan's torchft registry has only the debug model, and ``model_spec``
+    is not settable from flags; this is that config with Llama 3 8B.
+    """
+    # torchtitan inside: the job process never imports it, and a rank does so after its CPU patches (.rank)
+    from torchtitan.experiments.torchft.llama3 import model_registry
+    from torchtitan.experiments.torchft.llama3.config_registry import llama3_torchft_debugmodel
+    from torchtitan.models.common.config_utils import decoder_vocab_size
+
+    config = llama3_torchft_debugmodel()
+    config.model_spec = model_registry("8B")
+    config.loss.global_vocab_size = decoder_vocab_size(config.model_spec)
+    config.hf_assets_path = "./assets/hf/Llama-3.1-8B"
+    return config

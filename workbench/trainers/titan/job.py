@@ -77,7 +77,6 @@ from pathlib import Path
 from typing import Any, Optional
 
 from workbench.events.tracebacks import one_line
-from workbench.events.writer import EventWriter
 from workbench.paths import CHECKOUT, CONFIG_DIR
 from workbench.trainers import forked, loopback
 from workbench.trainers.base import JobContext
@@ -85,6 +84,7 @@ from workbench.trainers.exits import error_exit, mark_told
 from workbench.trainers.kit import die_with_parent, hold_stop_signals, on_stop_signals, signal_pid
 from workbench.trainers.placement import placement
 from workbench.trainers.process_group import ProcessGroup
+from workbench.trainers.titan import spare as titan_spare
 from workbench.trainers.titan.assets import ensure_assets
 from workbench.trainers.titan.rank import forked_rank, parse_ahead
 
@@ -188,51 +188,25 @@ def ft_overrides(spec: dict) -> dict:
     return out
 
 
-def llama3_torchft_8b():
-    """Config function (``--module workbench.trainers.titan.job --config llama3_torchft_8b``).
-
-    torchtitan's torchft registry has only the debug model, and ``model_spec``
-    is not settable from flags; this is that config with Llama 3 8B.
-    """
-    # torchtitan inside: the job process never imports it, and a rank does so after its CPU patches (.rank)
-    from torchtitan.experiments.torchft.llama3 import model_registry
-    from torchtitan.experiments.torchft.llama3.config_registry import llama3_torchft_debugmodel
-    from torchtitan.models.common.config_utils import decoder_vocab_size
-
-    config = llama3_torchft_debugmodel()
-    config.model_spec = model_registry("8B")
-    config.loss.global_vocab_size = decoder_vocab_size(config.model_spec)
-    config.hf_assets_path = "./assets/hf/Llama-3.1-8B"
-    return config
-
-
 # -- the job -----------------------------------------------------------------
 def run(ctx: JobContext) -> None:
     """The submitit job of one replica group: start the ranks, forward a stop to them, wait, report failure."""
     spec = ctx.spec
     nproc = int(spec.get("nproc_per_replica", 1))
     task, ntasks = int(os.environ.get("SLURM_PROCID", "0")), int(os.environ.get("SLURM_NTASKS", "1"))
-    host = ctx.listen_host()
-    if task == 0:
-        writer = ctx.writer()
-    else:
-        writer = EventWriter(
-            ctx.run_dir, f"{ctx.writer_name}.task-{task}", run=ctx.run_id, replica=ctx.replica, attempt=ctx.attempt
-        )
-    writer.emit(
-        "start",
-        trainer="titan",
-        role="replica" if task == 0 else "task",
-        task=task,
-        tasks=ntasks,
-        world_size=nproc * ntasks,
-        address=host,
-        **placement(),
-    )
+    host, t0 = ctx.listen_host(), time.time()
+    writer = titan_spare.job_writer(ctx, task)
+    start = dict(trainer="titan", task=task, tasks=ntasks, world_size=nproc * ntasks, address=host, **placement())
+    role = "task" if task else "replica" if ctx.spare_id is None else "spare"
+    writer.emit("start", **start, role=role)
     ranks = ProcessGroup()
     stop = _StopForwarder(ranks.popens)
     restore = on_stop_signals(stop.handle)
     try:
+        if ctx.spare_id is not None:
+            writer = titan_spare.wait_as_spare(ctx, writer, task, lambda: stop.signum is not None, start, t0)
+            if writer is None:
+                return
         _run_ranks(ctx, nproc, writer, ranks, stop, host, task, ntasks)
     except Exception as e:
         error_exit(writer, e, step=None)
