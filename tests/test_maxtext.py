@@ -240,9 +240,9 @@ def test_kill_resumes_from_last_durable_checkpoint(chaos):
     assert chaos["killed_at"] - from_step <= PERIOD, "steps lost exceed the checkpoint period"
     assert a1.phase("launched")["warm"] and a1.phase("imports_done")["warm"], a1.phase("launched")
     compiled = a1.phase("compiled")
-    assert compiled["compile_cache_hits"] > 0 and compiled["compile_cache_misses"] == 0, (
-        "the restart's compile: from the cache"
-    )
+    # From the persistent cache, which attempt 0 filled; a function attempt 0 never compiled (its kill came
+    # before that save, say) is the one miss a restart may have.
+    assert compiled["compile_cache_hits"] > compiled["compile_cache_misses"] <= 1, "the restart's compile: cached"
 
 
 def test_a_save_without_its_event_is_recorded_late_once(baseline, tmp_path):
