@@ -19,6 +19,7 @@ import json
 import re
 import signal
 import time
+from pathlib import Path
 
 import psutil
 import pytest
@@ -111,10 +112,14 @@ def _last_step(run, replica: int, attempt: int) -> int:
 
 
 def titan_rank(run, replica: int, attempt: int, rank: int) -> psutil.Process:
-    """The rank's process: the child of the group's job process whose environment gives it that ``RANK``."""
+    """The rank's process: the child of the group's job process that the job's ``pids.json`` names for that rank
+    (a rank forked warm shows its job's environment in ``/proc``, so its ``RANK`` cannot be read there)."""
     job = psutil.Process(run.run_state.replicas[replica].live_proc(attempt).pid)
-    found = [p for p in job.children(recursive=True) if p.environ().get("RANK") == str(rank)]
-    assert len(found) == 1, (job, found)
+    path = Path(run.run_dir) / "titan" / f"replica-{replica}.attempt-{attempt}.task-0.pids.json"
+    run.wait_for(lambda r: path.exists(), timeout=60, poll=0.05)
+    pid = json.loads(path.read_text())[str(rank)]
+    found = [p for p in job.children(recursive=True) if p.pid == pid]
+    assert len(found) == 1, (job, pid)
     return found[0]
 
 

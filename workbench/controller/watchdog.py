@@ -116,7 +116,9 @@ class HangWatchdog:
     def _sample(self, slot: ReplicaSlot) -> threading.Thread:
         """Take the hung group's stacks in a thread (its processes are found here, in the loop's thread,
         whose fold they are read from)."""
-        procs, errors, attempt = stacks.group_processes(self.run_state, slot.replica, self.run.cluster.marker)
+        procs, errors, attempt = stacks.group_processes(
+            self.run_state, slot.replica, self.run.cluster.marker, self.run.run_dir
+        )
 
         def take() -> None:
             try:

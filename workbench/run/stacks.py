@@ -168,8 +168,11 @@ def locate(threads: list, own: tuple = OWN_CODE) -> tuple[Optional[str], Optiona
     return None, (innermost(first["frames"]) if first else None), (first or {}).get("thread_name")
 
 
-def rank_of(pid: int) -> Optional[int]:
-    """The rank a process was started as (``RANK`` in its environment: TorchTitan's ranks), if any."""
+def rank_of(pid: int, recorded: Optional[dict] = None) -> Optional[int]:
+    """The rank a process is: as its job recorded it (``recorded``: pid -> rank, TorchTitan's ``pids.json``; a
+    rank forked warm shows its job's environment in ``/proc``), else ``RANK`` in its environment, if any."""
+    if recorded and pid in recorded:
+        return recorded[pid]
     try:
         value = psutil.Process(pid).environ().get("RANK")
     except (psutil.Error, OSError):
@@ -177,7 +180,20 @@ def rank_of(pid: int) -> Optional[int]:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def group_processes(run_state: RunState, replica: int, marker: Optional[Marker]) -> tuple[list, list[str], int]:
+def recorded_ranks(run_dir, replica: int, attempt: int) -> dict:
+    """pid -> rank from the group's TorchTitan jobs' ``titan/replica-<r>.attempt-<a>.task-<t>.pids.json``."""
+    ranks = {}
+    for path in (Path(run_dir) / "titan").glob(f"replica-{replica}.attempt-{attempt}.task-*.pids.json"):
+        try:
+            ranks.update({int(pid): int(rank) for rank, pid in json.loads(path.read_text()).items()})
+        except (OSError, ValueError, AttributeError):
+            continue
+    return ranks
+
+
+def group_processes(
+    run_state: RunState, replica: int, marker: Optional[Marker], run_dir=None
+) -> tuple[list, list[str], int]:
     """([(Proc, rank)], why some could not be read, attempt) of ``replica``'s current attempt: its process
     and every process it started, each proven the run's."""
     view = run_state.replicas.get(replica)
@@ -189,11 +205,12 @@ def group_processes(run_state: RunState, replica: int, marker: Optional[Marker])
     why = proc.why_not_ours(marker)
     if why is not None:
         return [], [why], view.attempt
-    found, errors = [(proc, rank_of(proc.pid))], []
+    recorded = recorded_ranks(run_dir, replica, view.attempt) if run_dir is not None else {}
+    found, errors = [(proc, rank_of(proc.pid, recorded))], []
     for child in proc.descendants():
         why = child.why_not_ours(marker)
         if why is None:
-            found.append((child, rank_of(child.pid)))
+            found.append((child, rank_of(child.pid, recorded)))
         elif "has exited" not in why:
             errors.append(why)
     return found, errors, view.attempt
@@ -290,7 +307,7 @@ def take(run, target: Union[int, str, None] = None, origin: str = "api", writer:
         if tgt == CONTROLLER:
             found.append((tgt, *controller_processes(state, marker), None))
         else:
-            found.append((tgt, *group_processes(state, tgt, marker)))
+            found.append((tgt, *group_processes(state, tgt, marker, run.run_dir)))
     if not any(procs for _, procs, _, _ in found):
         raise ValueError(f"replica: nothing to sample: {'; '.join(e for _, _, errors, _ in found for e in errors)}")
     writer = writer or control_writer(run.run_dir, getattr(run, "id", None))
