@@ -19,11 +19,11 @@ import json
 import re
 import signal
 import time
-from pathlib import Path
 
 import psutil
 import pytest
 
+from workbench.run.rank_pids import recorded_ranks
 from workbench.state.fold import RunState
 from workbench.trainers import raise_hook
 from workbench.trainers.maxtext import command as maxtext_command
@@ -112,12 +112,11 @@ def _last_step(run, replica: int, attempt: int) -> int:
 
 
 def titan_rank(run, replica: int, attempt: int, rank: int) -> psutil.Process:
-    """The rank's process: the child of the group's job process that the job's ``pids.json`` names for that rank
-    (a rank forked warm shows its job's environment in ``/proc``, so its ``RANK`` cannot be read there)."""
+    """The rank's process: the child of the group's job process that the job recorded as that rank
+    (``workbench.run.rank_pids``: a rank forked warm shows its job's environment in ``/proc``)."""
     job = psutil.Process(run.run_state.replicas[replica].live_proc(attempt).pid)
-    path = Path(run.run_dir) / "titan" / f"replica-{replica}.attempt-{attempt}.task-0.pids.json"
-    run.wait_for(lambda r: path.exists(), timeout=60, poll=0.05)
-    pid = json.loads(path.read_text())[str(rank)]
+    run.wait_for(lambda r: rank in recorded_ranks(r.run_dir, replica, attempt).values(), timeout=60, poll=0.05)
+    pid = next(p for p, r in recorded_ranks(run.run_dir, replica, attempt).items() if r == rank)
     found = [p for p in job.children(recursive=True) if p.pid == pid]
     assert len(found) == 1, (job, pid)
     return found[0]

@@ -9,27 +9,25 @@ A fault kind's ``process`` (``faultkinds``) names a field of the trainer's row
 | ``"replica0"`` | the process recorded as replica 0: rank 0 of a one-job trainer (ddp-restart), whatever the target |
 | ``"child_rank0"`` | the target group's child that is rank 0 (TorchTitan's ranks; the job hosts the store) |
 
-Which child is rank 0: the one whose PID rank 0's own event file
-(``replica-<r>.attempt-<a>.rank-0.jsonl``, every event carries its writer's PID)
-names, among the descendants of the group's proven process; else the one
-started with ``RANK=0`` in its environment. The event file is needed because a
-rank the job forks warm (``trainers/forked.py``) gets its environment after the
-fork: ``/proc/<pid>/environ`` still shows the job's. Only a local process's
-descendants can be listed, so ``child_rank0`` is a local-only answer, as the
-kinds that use it are (their ``backends``).
+Which child is rank 0: the one its job recorded as rank 0
+(``run/rank_pids.py``: a rank the job forks warm, ``trainers/forked.py``, gets
+its environment after the fork, so ``/proc/<pid>/environ`` still shows the
+job's and cannot say), among the live descendants of the group's proven
+process. There is no other source to fall back on, and none is needed: the
+record is absent only before the job has started its ranks, when there is no
+rank 0 to hit; the fault is refused with "not started its ranks yet" (the
+controller's schedule tries a refused fault again for 60 s, ``controller/fault_schedule.py``).
+Only a local process's descendants can be listed, so ``child_rank0`` is a
+local-only answer, as the kinds that use it are (their ``backends``).
 """
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Optional
-
-import psutil
 
 from workbench.cluster.procs import Proc
 from workbench.errors import FaultError
-from workbench.events.layout import EVENTS_DIR
+from workbench.run.rank_pids import recorded_ranks
 
 
 def target_view(kind, trainer, state, target: int):
@@ -40,33 +38,17 @@ def target_view(kind, trainer, state, target: int):
     return state.replicas[0 if where == "replica0" else target]
 
 
-def target_proc(kind, trainer, view, run_dir=None) -> Optional[Proc]:
+def target_proc(kind, trainer, view, run_dir) -> Optional[Proc]:
     """The process to signal, when it is not the view's own (None: the view's ``live_proc``)."""
     if kind.process == "group" or getattr(trainer, kind.process, None) != "child_rank0":
         return None
     group = view.live_proc()
     if group is None:
         return None
-    children = group.descendants()
-    writer_pid = _rank0_writer_pid(run_dir, view) if run_dir is not None else None
-    for child in children:
-        if child.pid == writer_pid or _env(child.pid).get("RANK") == "0":
+    rank0 = next((pid for pid, rank in recorded_ranks(run_dir, view.replica, view.attempt).items() if rank == 0), None)
+    if rank0 is None:
+        raise FaultError(f"target: replica {view.replica} attempt {view.attempt} has not started its ranks yet")
+    for child in group.descendants():
+        if child.pid == rank0:
             return child
-    raise FaultError(f"target: replica {view.replica} has no live rank-0 process yet")
-
-
-def _rank0_writer_pid(run_dir, view) -> Optional[int]:
-    """The PID in the first event of the group's current attempt's rank-0 file (TorchTitan's ``.rank``)."""
-    path = Path(run_dir) / EVENTS_DIR / f"replica-{view.replica}.attempt-{view.attempt}.rank-0.jsonl"
-    try:
-        with open(path, "rb") as f:
-            return int(json.loads(f.readline())["pid"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
-def _env(pid: int) -> dict:
-    try:
-        return psutil.Process(pid).environ()
-    except psutil.Error:
-        return {}
+    raise FaultError(f"target: replica {view.replica}'s rank 0 (pid {rank0}) is no longer a live process of its job")

@@ -42,6 +42,7 @@ import psutil
 from workbench.cluster.procs import Marker
 from workbench.events.writer import EventWriter
 from workbench.faults.inject import control_writer
+from workbench.run.rank_pids import recorded_ranks
 from workbench.state.fold import RunState
 
 STACKS_DIR = "stacks"
@@ -169,8 +170,9 @@ def locate(threads: list, own: tuple = OWN_CODE) -> tuple[Optional[str], Optiona
 
 
 def rank_of(pid: int, recorded: Optional[dict] = None) -> Optional[int]:
-    """The rank a process is: as its job recorded it (``recorded``: pid -> rank, TorchTitan's ``pids.json``; a
-    rank forked warm shows its job's environment in ``/proc``), else ``RANK`` in its environment, if any."""
+    """The rank a process is: as its job recorded it (``recorded``: pid -> rank, :mod:`.rank_pids`; a rank
+    forked warm shows its job's environment in ``/proc``), else ``RANK`` in its environment (the ranks of a
+    job that records none: titan-restart's, exec'd), if any."""
     if recorded and pid in recorded:
         return recorded[pid]
     try:
@@ -180,19 +182,8 @@ def rank_of(pid: int, recorded: Optional[dict] = None) -> Optional[int]:
     return int(value) if value is not None and value.isdigit() else None
 
 
-def recorded_ranks(run_dir, replica: int, attempt: int) -> dict:
-    """pid -> rank from the group's TorchTitan jobs' ``titan/replica-<r>.attempt-<a>.task-<t>.pids.json``."""
-    ranks = {}
-    for path in (Path(run_dir) / "titan").glob(f"replica-{replica}.attempt-{attempt}.task-*.pids.json"):
-        try:
-            ranks.update({int(pid): int(rank) for rank, pid in json.loads(path.read_text()).items()})
-        except (OSError, ValueError, AttributeError):
-            continue
-    return ranks
-
-
 def group_processes(
-    run_state: RunState, replica: int, marker: Optional[Marker], run_dir=None
+    run_state: RunState, replica: int, marker: Optional[Marker], run_dir
 ) -> tuple[list, list[str], int]:
     """([(Proc, rank)], why some could not be read, attempt) of ``replica``'s current attempt: its process
     and every process it started, each proven the run's."""
@@ -205,7 +196,7 @@ def group_processes(
     why = proc.why_not_ours(marker)
     if why is not None:
         return [], [why], view.attempt
-    recorded = recorded_ranks(run_dir, replica, view.attempt) if run_dir is not None else {}
+    recorded = recorded_ranks(run_dir, replica, view.attempt)
     found, errors = [(proc, rank_of(proc.pid, recorded))], []
     for child in proc.descendants():
         why = child.why_not_ours(marker)

@@ -52,7 +52,7 @@ class TrainerKind:
     ``collective_rank`` joins the group's all-reduces and, for an armed
     ``kill_in_allreduce``, holds before its next one (``held`` event). ``"group"``: the group's own recorded process;
     ``"replica0"``: the process recorded as replica 0 (the rank 0 of a one-job
-    trainer); ``"child_rank0"``: the group's child with ``RANK=0``.
+    trainer); ``"child_rank0"``: the group's child its job recorded as rank 0 (``run/rank_pids.py``).
 
     ``algorithms``: the spec's ``ft.algorithm`` values the trainer implements
     (``ddp``: per-step all-reduce; the semi-synchronous ones: torchft's

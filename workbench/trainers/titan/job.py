@@ -78,7 +78,7 @@ from typing import Any, Optional
 
 from workbench.events.tracebacks import one_line
 from workbench.paths import CHECKOUT, CONFIG_DIR
-from workbench.run.rundir import write_json_text
+from workbench.run import rank_pids
 from workbench.trainers import forked, loopback
 from workbench.trainers.base import JobContext
 from workbench.trainers.exits import error_exit, mark_told
@@ -246,12 +246,6 @@ def rank_stderr(ctx: JobContext, rank: int) -> Path:
     return Path(ctx.run_dir) / "titan" / f"{ctx.writer_name}.rank-{rank}.stderr"
 
 
-def rank_pids(ctx: JobContext, task: int) -> Path:
-    """``{"<rank>": pid}`` of this task's ranks, written once they all started (only this job writes it): a rank
-    forked warm shows its job's environment in ``/proc``, so its ``RANK`` cannot be read there."""
-    return Path(ctx.run_dir) / "titan" / f"{ctx.writer_name}.task-{task}.pids.json"
-
-
 def _run_ranks(
     ctx: JobContext, nproc: int, writer, ranks: ProcessGroup, stop: "_StopForwarder", host: str, task: int, ntasks: int
 ) -> None:
@@ -283,9 +277,7 @@ def _run_ranks(
             stdin=subprocess.DEVNULL,
             preexec_fn=functools.partial(_rank_preexec, os.getpid()),
         )
-    pids = rank_pids(ctx, task)
-    pids.parent.mkdir(parents=True, exist_ok=True)
-    write_json_text(pids, json.dumps({str(r): pid for pid, r in ranks.ranks.items()}))
+    rank_pids.record(ctx.run_dir, ctx.writer_name, task, ranks.ranks)
     if stop.signum is not None:
         stop.forward()  # it came while the ranks were being started
     failed = ranks.wait()
