@@ -31,6 +31,14 @@ def fail() -> None:
     raise ValueError("the child's own failure")
 
 
+def interrupted() -> None:
+    raise KeyboardInterrupt
+
+
+def exit_with_a_message() -> None:
+    sys.exit("the child's own message")
+
+
 def test_child_gets_its_env_holds_a_stop_until_released_and_its_stderr_goes_to_the_rank_file(tmp_path):
     group = ProcessGroup()
     try:
@@ -57,3 +65,17 @@ def test_a_failed_child_traceback_is_read_back_and_an_abandoned_child_is_gone(tm
         assert not os.path.exists(f"/proc/{abandoned.pid}")
     finally:
         group.close()
+
+
+def test_a_child_ends_as_a_fresh_interpreter_would_a_keyboard_interrupt_with_130(tmp_path):
+    """The end the fork server's jobs have (``run_child``): a ``KeyboardInterrupt`` (a cancel's SIGINT) is 130
+    with its traceback, a ``SystemExit`` with a message prints it and is 1."""
+    for target, code, stderr in [(interrupted, 130, "KeyboardInterrupt"), (exit_with_a_message, 1, "message")]:
+        group = ProcessGroup()
+        try:
+            group.adopt(0, forked.fork_waiting(target).release({}), stderr_path=tmp_path / "rank-0.stderr")
+            assert group.wait() == 0
+            assert [e.get("exit_code") for e in group.ended] == [code]
+            assert (tmp_path / "rank-0.stderr").read_text().splitlines()[-1].endswith(stderr)
+        finally:
+            group.close()

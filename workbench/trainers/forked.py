@@ -19,7 +19,7 @@ job writes once the store's port is known. Then the child becomes the rank:
 its stdin is ``/dev/null``, its stderr a pipe the job copies
 (:mod:`.process_group`), every other inherited descriptor closed, the
 environment replaced, the RNGs reseeded from the OS as a fresh interpreter's are;
-it runs ``target(*args)`` and never returns (``os._exit``).
+it runs ``target(*args)`` and never returns (:func:`run_child`).
 
 Where the job is not warm (the Slurm path: submitit's fresh interpreter has
 not imported torchtitan) or not fork-safe, the job execs its ranks as before.
@@ -33,6 +33,7 @@ would hold the port).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import random
@@ -41,7 +42,7 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Callable, Optional
+from typing import Any, Callable, NoReturn, Optional
 
 import psutil
 
@@ -139,41 +140,68 @@ def fork_waiting(target: Callable[..., Any], *args: Any) -> WaitingChild:
     held = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # the child is born holding them
     pid = os.fork()
     if pid == 0:
-        _child(parent, control_r, stderr_w, target, args)
+        run_child(functools.partial(_become_rank, parent, control_r, stderr_w, target, args))
     signal.pthread_sigmask(signal.SIG_SETMASK, held)
     os.close(control_r)
     os.close(stderr_w)
     return WaitingChild(pid, control_w, stderr_r)
 
 
-def _child(parent: int, control: int, stderr: int, target: Callable[..., Any], args: tuple) -> None:
+def _become_rank(parent: int, control: int, stderr: int, target: Callable[..., Any], args: tuple) -> None:
+    """In the forked child: wait for the environment, become the rank, run ``target(*args)``."""
+    for sig in (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGUSR1):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    die_with_parent(parent)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(stderr, 2)
+    os.close(stderr)
+    os.closerange(3, control)  # the job's event file, pipes, the other ranks' pipes: all but ``control``
+    os.closerange(control + 1, 1 << 20)
+    sys.stdout = open(1, "w", buffering=1, closefd=False)  # whatever the job had made of them: fds 1, 2
+    sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
+    chunks = []
+    while chunk := os.read(control, 1 << 16):
+        chunks.append(chunk)
+    os.close(control)
+    if not chunks:
+        return  # abandoned
+    os.environ.clear()
+    os.environ.update(json.loads(b"".join(chunks)))
+    reseed()
+    target(*args)
+
+
+def run_child(body: Callable[[], Any]) -> NoReturn:
+    """In a forked child: run ``body`` (its set-up, then its work) and end the process with the exit code a
+    fresh interpreter would end with; never return into the parent's code after the fork.
+
+    The code: 0 when ``body`` returns; a ``SystemExit``'s code (None: 0; not an int: printed on stderr,
+    then 1, as Python does); a ``KeyboardInterrupt`` (SIGINT: the fork server's cancel, a ^C) its traceback
+    and 130, the shell's 128 + SIGINT (a fresh interpreter kills itself with SIGINT instead, so its wait
+    status is the signal); any other exception its traceback and 1. Then stdout and stderr are flushed and
+    the process leaves by ``os._exit``: no interpreter teardown and no ``atexit`` handler (those registered
+    before the fork are the parent's).
+
+    Both of the workbench's forks end this way: a rank forked warm from its TorchTitan job
+    (:func:`fork_waiting`) and a job forked from the local fork server (``cluster/local/forkserver.py``).
+    A third copy, which cannot import the workbench (it runs in ``.venv-maxtext``), is MaxText's standby
+    child (``trainers/maxtext/launcher.py`` ``_child``): it runs the ``atexit`` handlers before it leaves,
+    and has no ``KeyboardInterrupt`` branch and no message for a ``SystemExit`` that is not an int.
+    """
     code = 1
     try:
-        for sig in (*STOP_SIGNALS, signal.SIGCHLD, signal.SIGUSR1):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        die_with_parent(parent)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(stderr, 2)
-        os.close(stderr)
-        os.closerange(3, control)  # the job's event file, pipes, the other ranks' pipes: all but ``control``
-        os.closerange(control + 1, 1 << 20)
-        sys.stdout = open(1, "w", buffering=1, closefd=False)  # whatever the job had made of them: fds 1, 2
-        sys.stderr = open(2, "w", buffering=1, closefd=False, errors="backslashreplace")
-        chunks = []
-        while chunk := os.read(control, 1 << 16):
-            chunks.append(chunk)
-        os.close(control)
-        if not chunks:
-            os._exit(0)  # abandoned
-        os.environ.clear()
-        os.environ.update(json.loads(b"".join(chunks)))
-        reseed()
-        target(*args)
+        body()
         code = 0
     except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+        if e.code is None or isinstance(e.code, int):
+            code = e.code or 0
+        else:
+            print(e.code, file=sys.stderr)
+    except KeyboardInterrupt:
+        traceback.print_exc()
+        code = 130
     except BaseException:
         traceback.print_exc()
     finally:

@@ -33,7 +33,9 @@ is its PID gone (or a zombie, or the PID reused: the start time differs) —
 ``ForkJob.done`` reads ``/proc``. It writes each reaped child's wait status next to the
 child's logs (``workbench.cluster.exits.status_path``; it alone writes that file), which
 ``ForkJob.exit_status`` reads: an uncaught exception in the child is exit code 1 (its
-traceback in the stderr log), a signal is the signal. The child stays in the server's process
+traceback in the stderr log), a ``KeyboardInterrupt`` (the cancel's SIGINT) 130, a signal
+is the signal (``workbench.trainers.forked.run_child``, which ends a TorchTitan rank
+forked warm the same way). The child stays in the server's process
 group and session (that of the controller), where a ``LocalExecutor`` task is too;
 faults signal it by PID after :mod:`workbench.cluster.procs` proves its identity.
 
@@ -60,6 +62,7 @@ replica)``) computes exactly what it computes on submitit's path.
 
 from __future__ import annotations
 
+import functools
 import importlib
 import json
 import os
@@ -67,14 +70,13 @@ import select
 import signal
 import sys
 import time
-import traceback
 from typing import BinaryIO, Optional
 
 from submitit.core import utils
 
 from workbench.cluster import exits
 from workbench.cluster.procs import start_time
-from workbench.trainers.forked import fork_safety, reseed
+from workbench.trainers.forked import fork_safety, reseed, run_child
 
 QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 CANCEL_GRACE_S = 1.0  # submitit's local controller: SIGINT, then SIGKILL after 1 s
@@ -145,7 +147,7 @@ def serve(trainer: str, model: Optional[dict] = None) -> None:
                 sys.stderr.flush()
                 pid = os.fork()
                 if pid == 0:
-                    _child(req["folder"], req["env"])
+                    run_child(functools.partial(_job, req["folder"], req["env"]))
                 _CHILDREN[pid] = (req["folder"], start_time(pid))
                 _answer(answers, {"pid": pid, "pid_start": _CHILDREN[pid][1]})
             elif req["op"] == "cancel":
@@ -156,49 +158,33 @@ def serve(trainer: str, model: Optional[dict] = None) -> None:
                 _answer(answers, {})
 
 
-def _child(folder: str, env: dict) -> None:
-    """In the forked child: become a fresh job process, run submitit's task, never return."""
-    code = 1
-    try:
-        os.environ.clear()
-        os.environ.update(env)
-        pid = os.getpid()
-        os.environ.update(SUBMITIT_LOCAL_JOB_ID=str(pid), SUBMITIT_LOCAL_LOCALID="0", SUBMITIT_LOCAL_GLOBALID="0")
-        paths = utils.JobPaths(folder, str(pid), 0)
-        paths.folder.mkdir(parents=True, exist_ok=True)
-        out = os.open(paths.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        err = os.open(paths.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-        null = os.open(os.devnull, os.O_RDONLY)
-        os.dup2(null, 0)
-        os.dup2(out, 1)
-        os.dup2(err, 2)
-        os.closerange(3, 1 << 20)  # the server's request and answer pipes, anything an import opened
-        for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT):
-            signal.signal(sig, signal.SIG_DFL)
-        signal.signal(signal.SIGINT, signal.default_int_handler)
-        signal.pthread_sigmask(signal.SIG_SETMASK, [])
-        reseed()
-        deadline = time.monotonic() + PICKLE_WAIT_S
-        while not paths.submitted_pickle.exists() and time.monotonic() < deadline:
-            time.sleep(0.002)  # the executor moves the pickle in place right after the fork's answer
-        # submitit's job runner imports numpy, which the server imports in ``preload`` (timed there)
-        from submitit.core.submission import process_job
+def _job(folder: str, env: dict) -> None:
+    """In the forked child: become a fresh job process and run submitit's task (ended by ``run_child``)."""
+    os.environ.clear()
+    os.environ.update(env)
+    pid = os.getpid()
+    os.environ.update(SUBMITIT_LOCAL_JOB_ID=str(pid), SUBMITIT_LOCAL_LOCALID="0", SUBMITIT_LOCAL_GLOBALID="0")
+    paths = utils.JobPaths(folder, str(pid), 0)
+    paths.folder.mkdir(parents=True, exist_ok=True)
+    out = os.open(paths.stdout, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    err = os.open(paths.stderr, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    null = os.open(os.devnull, os.O_RDONLY)
+    os.dup2(null, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    os.closerange(3, 1 << 20)  # the server's request and answer pipes, anything an import opened
+    for sig in (signal.SIGTERM, signal.SIGCHLD, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    reseed()
+    deadline = time.monotonic() + PICKLE_WAIT_S
+    while not paths.submitted_pickle.exists() and time.monotonic() < deadline:
+        time.sleep(0.002)  # the executor moves the pickle in place right after the fork's answer
+    # submitit's job runner imports numpy, which the server imports in ``preload`` (timed there)
+    from submitit.core.submission import process_job
 
-        process_job(folder)
-        code = 0
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    except KeyboardInterrupt:
-        traceback.print_exc()  # as a fresh interpreter prints it
-        code = 130
-    except BaseException:
-        traceback.print_exc()
-    finally:
-        try:
-            sys.stdout.flush()
-            sys.stderr.flush()
-        finally:
-            os._exit(code & 0xFF)
+    process_job(folder)
 
 
 # Forked and not yet reaped (the only PIDs a cancel may signal): their job folder and start time.
