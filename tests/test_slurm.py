@@ -115,6 +115,10 @@ def test_killed_replica_job_is_resubmitted_heals_and_survivors_lose_nothing(subm
     assert len(jobs) == 4 and len(set(jobs)) == 4  # one Slurm job per attempt, never requeued
     ended = {e["job_id"]: e for e in run.events_read if e["kind"] == "job"}
     assert all(not ended[j]["clean"] for j in jobs[:3])
+    # a kill is a SIGKILL mid-step, not Slurm's cancel (SIGTERM first), which the group would take as a preemption
+    assert [(ended[j].get("signal"), ended[j].get("reason")) for j in jobs[:3]] == [("SIGKILL", "died")] * 3, ended
+    exits = [e for e in run.events_read if e["kind"] == "exit" and e.get("replica") == 1 and e["attempt"] < 3]
+    assert not [e for e in exits if e.get("reason") == "preempted"], exits
     heals = [e for e in run.events_read if e["kind"] == "heal" and e.get("replica") == 1 and e["attempt"] >= 1]
     assert sorted(e["attempt"] for e in heals) == [1, 2, 3]
     last_rejoin = first_participating(run, 1, 3)

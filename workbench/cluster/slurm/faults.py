@@ -7,7 +7,7 @@ the trainer's ``start`` event its node).
 
 | kind | what happens |
 |---|---|
-| a kind with a ``signal`` | ``scancel --signal=SIG --full JOB``: every process of the job gets it [1] |
+| a kind with a ``signal`` | ``scancel --signal=SIG JOB.0``: every task of the job's step (submitit's one ``srun``) gets it [1] |
 | ``preempt`` | ``scancel --signal=USR2 JOB`` (submitit's preemption signal): the trainer ends its step, exits |
 | ``hang`` | ``scancel --signal=STOP JOB``, then ``--signal=CONT`` after ``seconds`` |
 | ``node_down`` | ``scontrol update NodeName=N State=DOWN``: fails the jobs on it; RESUME after ``seconds`` |
@@ -15,7 +15,11 @@ the trainer's ``start`` event its node).
 | ``straggler``, ``freeze`` | the group's processes (on this host: the dev cluster) in a throttling / frozen cgroup |
 | ``slurmd_kill`` | dev cluster only: SIGKILL to the node's slurmd (its state directory's record, ``statedir``), restarted after ``seconds`` |
 
-[1] A plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption.
+[1] Not the job: a plain ``scancel`` sends SIGTERM first, which the trainer takes as a preemption, and so does
+``--signal=KILL --full JOB``: it kills the batch shell too, whose end makes Slurm cancel the job's step (SIGTERM,
+``KillWait``, SIGKILL) before the step's own SIGKILL lands. Measured on the dev cluster (TorchTitan, 2 nodes × 1
+rank): the group exited ``preempted`` 1.8 s after a kill and the controller saw the job end 3.3 s after it; signalled
+by step, slurmstepd SIGKILLs the tasks at once, the job ends ``FAILED`` by SIGKILL, seen 0.55 s after the kill.
 
 Undoing (CONT, RESUME, slurmd restart) is the detached helper's
 (``workbench.faults.undo``), so it happens even if the notebook dies: each is one
@@ -104,7 +108,7 @@ def inject(cluster, kind: FaultKind, view, seconds: Optional[float], origin: str
             raise FaultError(f"slurmd_kill: node {name}'s slurmd: {slurmd.why_not_ours(marker)}; not signalled")
         undo_helper.later(cluster.run_dir, kind.name, duration, argv=[*restart, name], env=env, fields=node_fields)
     elif kind.signal is not None:
-        run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", "--full", job_id)
+        run_or_fail("scancel", f"--signal={signal.Signals(kind.signal).name[3:]}", f"{job_id}.0")
     else:
         run_or_fail("scancel", f"--signal={signal.Signals(cluster.preempt_signal).name[3:]}", job_id)
     proc = view.live_proc(attempt)

@@ -49,8 +49,8 @@ directory is shared); the other tasks read it and point their ranks'
 ``MASTER_ADDR`` at task 0's node, as ``torchrun --rdzv-endpoint`` would. Task
 0 writes the replica's ``start``/``exit``; task ``t > 0`` writes a ``start``
 (its node, address and PID, ``task=t``) to ``replica-<r>.attempt-<a>.task-<t>``,
-so the fold knows every node the group is on. Killing the job (``scancel
---full``) kills every task and so every rank on every node.
+so the fold knows every node the group is on. Killing the job's step
+(``scancel --signal=KILL JOB.0``) kills every task and so every rank on every node.
 
 Configs
 -------
