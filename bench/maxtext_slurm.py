@@ -1,11 +1,17 @@
-"""``python -m bench.maxtext_slurm [--reps 1] [--out FILE]``: MaxText restart -> first step on the local Slurm.
+"""``python -m bench.maxtext_slurm [--reps 3] [--processes 1,2] [--out FILE]``: MaxText restart -> first step on Slurm.
 
 For each repetition, one ``maxtext-cpu-tiny`` run of one process (``slurm.nodes=1``) and one of
 two (``slurm.nodes=2``, one JAX program: ``jax.distributed``, gloo), in alternating order. Each
 trains to step 25, its (first) node is set DOWN (``node_down``), the controller resubmits the job,
 and MaxText restores its last checkpoint. Figures, all from the run's events: fault -> the new
-job's wrapper ``start``, -> MaxText's ``restored`` phase, -> its ``first_step`` phase. One JSON line
-per run (with ``/proc/loadavg`` beside it) is appended to ``--out``; medians at the end.
+job's wrapper ``start``, -> MaxText's ``restored`` phase, -> its ``first_step`` phase, and the
+replacement's phases (``analysis.phases.replacement_phases``, seconds after the fault: the controller
+noticed the job gone and resubmitted it (``restarted``: sbatch), the job started, MaxText launched, its
+interpreter up, imports done, JAX backend ready, restored, compiled (with its compile-cache hits and
+misses; process 1's from its console log), first step). One JSON line per run (with ``/proc/loadavg``
+beside it) is appended to ``--out``; per process count the median, p95 and n of fault -> first step
+and the median of each phase at the end.
+``--processes 2`` runs only the two-process job.
 
 Brings up its own dev cluster (``workbench.devcluster``) in a temporary directory and takes it down.
 """
@@ -19,8 +25,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
+import numpy
+
 import workbench as wb
-from workbench import devcluster
+from workbench import analysis, devcluster
+from workbench.analysis.phases import replacement_phases
+from workbench.analysis.recovery import ends_process
+from workbench.trainers.maxtext.output import marker_fact
 
 FIRST_FAULT_STEP = 25
 
@@ -31,6 +42,16 @@ def _of(run, kind: str, attempt: int) -> list[dict]:
 
 def _phase(run, name: str, attempt: int):
     return next((e for e in _of(run, "phase", attempt) if e["phase"] == name), None)
+
+
+def _rank_compiled(run, rank: int, t0: float) -> dict | None:
+    """Rank ``rank``'s ``compiled`` phase of attempt 1 (only rank 0's phases are events): from its console log."""
+    log = Path(run.run_dir) / "maxtext" / f"attempt-1.rank-{rank}.log"
+    for line in log.read_text(errors="replace").splitlines() if log.exists() else []:
+        fact = marker_fact(line) or {}
+        if fact.get("phase") == "compiled":
+            return {**{k: v for k, v in fact.items() if k not in ("phase", "at")}, "at_s": fact["at"] - t0}
+    return None
 
 
 def one(nodes: int, run_root: Path) -> dict:
@@ -44,6 +65,11 @@ def one(nodes: int, run_root: Path) -> dict:
         fault = run.fault("node_down", target=0, seconds=15)
         run.wait_for(lambda r: _phase(r, "first_step", 1), timeout=300)
         start = _of(run, "start", 1)[0]
+        events = run.event_records()
+        timeline = analysis.recovery_timeline(events)
+        phases = replacement_phases(events, timeline).iloc[0]
+        killed = timeline[ends_process(timeline)].iloc[0]
+        compiled = _phase(run, "compiled", 1) or {}
         row = {
             "processes": nodes,
             "load": " ".join(load),
@@ -51,6 +77,15 @@ def one(nodes: int, run_root: Path) -> dict:
             "fault_to_restored_s": _phase(run, "restored", 1)["t"] - fault["t"],
             "fault_to_first_step_s": _phase(run, "first_step", 1)["t"] - fault["t"],
             "from_step": _phase(run, "restored", 1)["from_step"],
+            "phases": {
+                "noticed": float(killed["noticed"]),
+                "restarted": float(killed["restarted"]),
+                **{k: float(v) for k, v in phases.items() if k not in ("t", "target", "attempt", "warm") and v == v},
+            },
+            "warm": None if phases["warm"] is None or phases["warm"] != phases["warm"] else bool(phases["warm"]),
+            "compile_cache_hits": compiled.get("compile_cache_hits"),
+            "compile_cache_misses": compiled.get("compile_cache_misses"),
+            "rank1_compiled": _rank_compiled(run, 1, fault["t"]) if nodes > 1 else None,
             "run_dir": str(run.run_dir),
         }
         run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r.events_read), 60)
@@ -63,15 +98,17 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.maxtext_slurm", description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--first", type=int, choices=(1, 2), default=1, help="process count of the first run")
+    ap.add_argument("--processes", default="1,2", help="which jobs: 1, 2 or 1,2 (processes, one per node)")
     ap.add_argument("--out", default="maxtext-slurm-restart.jsonl")
     args = ap.parse_args(argv)
+    counts = [int(n) for n in args.processes.split(",")]
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="wb-bench-maxtext-") as tmp:
         state = Path(tmp) / "slurm"
         info = devcluster.up(state)
         os.environ["SLURM_CONF"] = info["env"]["SLURM_CONF"]
         try:
-            order = [args.first, 3 - args.first]
+            order = [n for n in (args.first, 3 - args.first) if n in counts]
             for rep in range(args.reps):
                 for nodes in order if rep % 2 == 0 else order[::-1]:
                     row = one(nodes, Path(tmp) / "runs")
@@ -82,12 +119,18 @@ def main(argv: list[str] | None = None) -> int:
             devcluster.down(state)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     for n in (1, 2):
-        mine = [r["fault_to_first_step_s"] for r in rows if r["processes"] == n]
-        if mine:
+        mine = [r for r in rows if r["processes"] == n]
+        times = [r["fault_to_first_step_s"] for r in mine]
+        if times:
             print(
-                f"{n} process(es): node_down -> first step median {statistics.median(mine):.1f} s over {len(mine)} "
-                f"({', '.join(f'{x:.1f}' for x in mine)}); loads {[r['load'] for r in rows if r['processes'] == n]}"
+                f"{n} process(es): node_down -> first step median {statistics.median(times):.1f} s, p95 "
+                f"{numpy.percentile(times, 95):.1f} s over {len(times)} ({', '.join(f'{x:.1f}' for x in times)}); "
+                f"loads {[r['load'] for r in mine]}"
             )
+            names = list(dict.fromkeys(k for r in mine for k in r.get("phases", {})))
+            medians = {k: statistics.median(r["phases"][k] for r in mine if k in r.get("phases", {})) for k in names}
+            ordered = sorted(medians.items(), key=lambda kv: kv[1])
+            print("  phase medians (s after the fault): " + ", ".join(f"{k} {v:.2f}" for k, v in ordered))
     return 0
 
 

@@ -139,6 +139,10 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
         lambda r: any(e["step"] >= restored["from_step"] + 5 for e in of_attempt(r, "step", 1)), timeout=START_TIMEOUT_S
     )
     assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
+    # Process 1 compiled from the persistent cache too: its own entries, written by attempt 0 (launcher.py).
+    rank1 = (logs / "attempt-1.rank-1.log").read_text().splitlines()
+    compiled = [json.loads(line[10:]) for line in rank1 if line.startswith('WORKBENCH {"phase": "compiled"')]
+    assert compiled and compiled[0]["compile_cache_hits"] > 0, compiled
     first = phase(run, "first_step", 1)
     print(f"\nMaxText 2 processes: node_down -> first step {first['t'] - fault['t']:.1f} s")
     run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r.events_read), 60)

@@ -14,7 +14,9 @@ Phases: one ``WORKBENCH {"phase": P, "at": T, ...}`` line each on stderr, ``T`` 
 (this file's first line), ``imports_done`` (jax and MaxText's trainer imported: 0.8 s + 4.2 s of the 8 s from a
 kill to the first step, measured on this machine's two cores), ``backend_ready`` (the first ``xla_bridge.backends()``
 returned), ``compiled`` (the first ``Lowered.compile`` returned: MaxText compiles its train step ahead of time; with
-the compile-cache hits and misses so far and the seconds of tracing, lowering and backend compiles).
+the compile-cache hits and misses so far and the seconds of tracing, lowering and backend compiles). In a job of
+several CPU processes every process writes its compiles to the cache, not process 0 only
+(:func:`_cache_on_every_process`).
 
 The standby (``launcher.py --standby SOCKET KEEPER_PID``, started by :mod:`.standby`): a one-shot fork server. It
 listens on SOCKET (bound before the imports, so an attempt that comes early waits for it instead of starting cold),
@@ -137,6 +139,7 @@ def become(parent: int) -> None:
             return xla_bridge.make_cpu_client(collectives)
 
         xla_bridge.register_backend_factory("cpu", _cpu_client, priority=0, fail_quietly=False)
+    _cache_on_every_process()
     if os.environ.get("WORKBENCH_LOCAL_COORDINATOR") == "1":
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -152,6 +155,33 @@ def become(parent: int) -> None:
         _step_annotation = jax.profiler.StepTraceAnnotation
         jax.profiler.StepTraceAnnotation = _raise_at_step
     runpy.run_module(os.environ["WORKBENCH_MAXTEXT_MODULE"], run_name="__main__", alter_sys=True)
+
+
+def _cache_on_every_process() -> None:
+    """Let every process of a CPU job write its compiles to the persistent cache, not process 0 only.
+
+    JAX writes only from process 0 (``compiler._cache_write``), so that processes sharing a key do not race on one
+    file. On CPU the key differs per process (its topology's fingerprint, ``cache_key._hash_accelerator_config``), so
+    no other process ever read process 0's entries: process 1 of a two-node job compiled everything afresh at each
+    restart (measured on the dev cluster: no hit, 5.9 s of backend compiles, process 0 waiting for it at the first
+    step). Its own keys are its own files (written under the cache's file lock). A JAX without these names: as before
+    (``tests/test_maxtext_slurm.py`` then fails on process 1's hits)."""
+    import jax
+    from jax._src import compilation_cache, compiler, distributed
+
+    write = getattr(compiler, "_cache_write", None)
+    if write is None or not hasattr(compilation_cache, "put_executable_and_time"):
+        return
+
+    def _cache_write(cache_key, compile_time_secs, module_name, backend, executable):
+        if distributed.global_state.process_id == 0 or backend.platform != "cpu":
+            return write(cache_key, compile_time_secs, module_name, backend, executable)
+        if compile_time_secs >= jax.config.jax_persistent_cache_min_compile_time_secs:
+            compilation_cache.put_executable_and_time(
+                cache_key, module_name, executable, backend, int(compile_time_secs)
+            )
+
+    compiler._cache_write = _cache_write
 
 
 def _raise_at_step(name, *args, **kwargs):

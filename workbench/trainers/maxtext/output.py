@@ -27,6 +27,17 @@ _STOPPED = re.compile(r"Training stopped: (.*)")
 _MARKER = "WORKBENCH "  # how maxtext/launcher.py prefixes the lines it prints itself
 
 
+def marker_fact(line: str) -> Optional[dict]:
+    """The fact a launcher's ``WORKBENCH {...}`` line carries (a phase, a compile-cache count), else None."""
+    if not line.startswith(_MARKER):
+        return None
+    try:
+        fact = json.loads(line[len(_MARKER) :])
+    except ValueError:
+        return None
+    return fact if isinstance(fact, dict) else None
+
+
 def checkpoint_facts(path: Path) -> tuple[Optional[float], int]:
     """(seconds from Orbax's init to commit, bytes on disk) of a finalized checkpoint."""
     seconds = None
@@ -69,11 +80,8 @@ class Console:
     def _parse(self, line: str) -> None:
         self.tail.append(line)
         if line.startswith(_MARKER):
-            try:
-                fact = json.loads(line[len(_MARKER) :])
-            except ValueError:
-                return
-            if isinstance(fact, dict) and isinstance(fact.get("phase"), str):
+            fact = marker_fact(line) or {}
+            if isinstance(fact.get("phase"), str):
                 self.on_phase(fact)
             elif fact.get("compile_cache") == "hits":
                 self.cache_hits += 1
