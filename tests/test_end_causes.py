@@ -193,6 +193,23 @@ def test_a_fault_that_does_not_end_the_process_explains_no_end():
     assert (end.injected, end.summary()) == (None, "SIGSEGV at step 4 (not injected)")
 
 
+def test_a_process_that_outlived_a_fault_meant_to_end_it_and_completed_ended_by_completing():
+    """Seen on the dev cluster: a 5 s ``slurmd_kill`` leaves running steps alone; the job completed at step 300
+    and its end was told as that fault. A process that completed was not ended by it."""
+    events = [
+        start(1, 1, node="n3"),
+        ev("fault", 2, action="slurmd_kill", origin="schedule", target=1, attempt=0, node="n3", seconds=5),
+        ev("fault", 7, action="resume", origin="schedule", target="n3", resumed="slurmd_kill", node="n3"),
+        step(50, 1, 300),
+        ev("exit", 51, replica=1, attempt=0, reason="completed", step=300),
+        job(52, 1, reason="completed", slurm_state="COMPLETED", step=300),
+    ]
+    (end,) = fold(events).ends
+    assert (end.injected, end.planned, end.cause(), end.summary()) == (None, True, "completed", "completed at step 300")
+    (row,) = analysis.recovery_timeline(events).to_dict("records")
+    assert (row["action"], row["cause"], row["end"]) == ("slurmd_kill", None, None), row
+
+
 def test_a_fault_on_an_earlier_attempt_does_not_explain_the_next_one_s_death():
     state = fold(
         [

@@ -10,7 +10,7 @@ import pytest
 
 import workbench as wb
 from workbench.errors import SpecError
-from workbench.experiments.matrix import OUTCOMES, attach_matrix
+from workbench.experiments.matrix import OUTCOMES, attach_matrix, trial_outcome
 from workbench.experiments.matrix_plan import Setup, label_of, parse_setup, plan, resolve, setups_from, setups_of
 from workbench.experiments.sweep import point_name, point_spec
 from workbench.faults import kinds as faultkinds
@@ -214,6 +214,57 @@ def test_a_kill_during_a_save_leaves_it_incomplete_and_the_restart_uses_the_last
     final = status["checkpoints"]
     assert final["incomplete"] == [step] and final["last_durable"]["marker_present"] is True
     assert final["last_durable"]["step"] == max(e["step"] for e in ev if e["kind"] == "checkpoint" and e.get("durable"))
+
+
+@pytest.mark.parametrize("victim", ["outlived the fault", "never came back"])
+def test_a_victim_that_outlived_a_fault_meant_to_end_it_is_unaffected_not_unrecovered(victim):
+    """Seen on the dev cluster: a 5 s ``slurmd_kill`` leaves running steps alone and the run completes; no
+    recovery happened because none was needed, which the rate must not count as a failure to recover."""
+    events = [
+        {"kind": "start", "t": 0, "role": "controller", "trainer": "titan", "replica": None, "attempt": 0},
+        {"kind": "start", "t": 1, "role": "replica", "replica": 1, "attempt": 0, "node": "n3"},
+        {
+            "kind": "fault",
+            "t": 2,
+            "action": "slurmd_kill",
+            "origin": "schedule",
+            "target": 1,
+            "attempt": 0,
+            "node": "n3",
+            "seconds": 5,
+        },
+        {"kind": "fault", "t": 7, "action": "resume", "origin": "schedule", "target": "n3", "resumed": "slurmd_kill"},
+    ]
+    if victim == "outlived the fault":
+        events += [
+            {"kind": "step", "t": 50, "replica": 1, "attempt": 0, "step": 300, "committed": True},
+            {"kind": "exit", "t": 51, "replica": 1, "attempt": 0, "reason": "completed", "step": 300},
+            {
+                "kind": "job",
+                "t": 52,
+                "replica": 1,
+                "attempt": 0,
+                "state": "ended",
+                "clean": True,
+                "reason": "completed",
+            },
+        ]
+    else:
+        events += [
+            {
+                "kind": "job",
+                "t": 40,
+                "replica": 1,
+                "attempt": 0,
+                "state": "ended",
+                "clean": False,
+                "reason": "died",
+                "slurm_state": "NODE_FAIL",
+            }
+        ]
+    events.append({"kind": "run_end", "t": 60, "state": "completed", "reason": ""})
+    outcome = trial_outcome(events, elastic=True)["outcome"]
+    assert outcome == ("unaffected" if victim == "outlived the fault" else "unrecovered"), outcome
 
 
 def test_an_armed_fault_fires_on_the_save_the_writer_held_in_whichever_order_the_two_events_are_read():

@@ -21,6 +21,9 @@ recovered           the run completed, the victim took part again (the
 survivors_crashed   the run completed, but a group the fault did not target
                     ended unclean (``soak.unexplained_crashes``; elastic only)
 unrecovered         the run completed without the victim taking part again
+unaffected          the run completed, and the victim outlived a fault meant
+                    to end it (a short ``slurmd_kill`` leaves running steps
+                    be): no recovery to count, left out of the rate
 run_failed          the run did not complete
 not_injected        the fault never fired (the run ended first, say)
 =================== ==========================================================
@@ -52,7 +55,7 @@ from workbench import analysis
 from workbench.analysis.recovery import UNPLANNED
 from workbench.errors import SpecError
 from workbench.events.reader import EventReader
-from workbench.experiments.matrix_markdown import render
+from workbench.experiments.matrix_markdown import NOT_COUNTED, render
 from workbench.experiments.matrix_plan import Setup, plan, setups_from, setups_of
 from workbench.experiments.soak import unexplained_crashes
 from workbench.experiments.sweep import Sweep, attach_sweep, sweep
@@ -63,7 +66,7 @@ from workbench.state.run_status import run_state_of
 from workbench.trainers.registry import trainer_kind
 
 MATRIX_JSON = "matrix.json"
-OUTCOMES = ("recovered", "survivors_crashed", "unrecovered", "run_failed", "not_injected")
+OUTCOMES = ("recovered", "survivors_crashed", "unrecovered", "unaffected", "run_failed", "not_injected")
 PHASES = {
     "detect": "detected",
     "quorum_without": "quorum_without_victim",
@@ -95,7 +98,10 @@ def matrix(
     ``Setup``/``"config key=value ..."``), each from its own config; without them, ``trainers`` ×
     ``backends`` over ``spec`` (``overrides`` apply to those only). ``seconds``: how long a fault that
     lasts (``hang``) lasts (default: the kind's). ``lock``: a file the sweep holds a ``flock`` on run by
-    run, or for turns of ``lock_turn_s`` (``workbench.experiments.sweep``).
+    run, or for turns of ``lock_turn_s`` (``workbench.experiments.sweep``). ``max_parallel`` defaults to 1 on
+    every backend, Slurm too: a trial measures seconds to recovery, which trials beside it distort (a sweep's
+    own default runs every Slurm point at once; the dev cluster's nodes share this machine's two cores: 21
+    trials started together took the load to 23).
     """
     if setups is not None:
         if trainers is not None or backends is not None or overrides:
@@ -109,7 +115,7 @@ def matrix(
         raise SpecError(
             "matrix: no cell can run: " + "; ".join(f"{c['fault']} × {c['setup']}: {c['why_not']}" for c in cells)
         )
-    sw = sweep(base, points=points, max_parallel=max_parallel, lock=lock, lock_turn_s=lock_turn_s)
+    sw = sweep(base, points=points, max_parallel=max_parallel or 1, lock=lock, lock_turn_s=lock_turn_s)
     write_json_text(
         sw.sweep_dir / MATRIX_JSON,
         json.dumps(
@@ -146,6 +152,8 @@ def trial_outcome(events: list[dict], elastic: bool) -> dict:
         out["outcome"] = "not_injected"
     elif elastic and unexplained_crashes(events):
         out["outcome"] = "survivors_crashed"
+    elif np.isnan(out["first_step"]) and analysis.ends_process(timeline).iloc[0] and not isinstance(row["cause"], str):
+        out["outcome"] = "unaffected"  # the fault was to end it, and the fold found no end it caused
     else:
         # Not the row's ``complete``: with min_replicas = replicas no quorum forms without a
         # paused victim, so a hang that carried on lacks that milestone and still recovered.
@@ -262,7 +270,7 @@ class Matrix:
                 "trials": len(t),
                 **{o: int((done["outcome"] == o).sum()) for o in OUTCOMES},
             }
-            n = len(done) - row["not_injected"]
+            n = len(done) - sum(row[o] for o in NOT_COUNTED)
             row["rate"] = row["recovered"] / n if n else np.nan
             row["ci_low"], row["ci_high"] = wilson(row["recovered"], n)
             for name in PHASES:
@@ -308,7 +316,7 @@ def heatmap_figure(table: pd.DataFrame, value: str = "rate"):
             text[i][j] = r.why_not
             continue
         z[i, j] = v
-        n = r.trials - r.not_injected
+        n = r.trials - sum(getattr(r, o) for o in NOT_COUNTED)
         if value == "rate":
             text[i][j] = f"{r.recovered}/{n} [{r.ci_low:.2f}, {r.ci_high:.2f}]" if n else "no trial yet"
         else:

@@ -24,6 +24,8 @@ PHASE_TITLES = {
     "healed_or_restored": "healed / restored",
     "first_step": "first step (participating)",
 }
+NOT_COUNTED = ("not_injected", "unaffected")  # outcomes a cell's recovery rate leaves out
+FINISHED = ("recovered", "survivors_crashed", "unrecovered", "unaffected", "run_failed")  # a trial that ran
 SHORT_WHY = (("cannot inject on", "backend"), ("no lighthouse", "no lighthouse"), ("no ", "no target process"))
 
 
@@ -38,15 +40,20 @@ def _short(why: str) -> str:
     return "n/a (spec)"
 
 
+def _counted(r) -> int:
+    """The finished trials a cell's rate is over."""
+    return int(r.trials) - sum(int(getattr(r, o)) for o in NOT_COUNTED) - _pending(r)
+
+
 def _rate(r) -> str:
-    n = int(r.trials) - int(r.not_injected) - _pending(r)
+    n = _counted(r)
     if n <= 0:
-        return "no trial" if not _pending(r) else "pending"
+        return "pending" if _pending(r) else "none needed" if int(r.unaffected) else "no trial"
     return f"{int(r.recovered)}/{n} = {r.rate:.2f} [{r.ci_low:.2f}, {r.ci_high:.2f}]"
 
 
 def _pending(r) -> int:
-    done = sum(int(getattr(r, o)) for o in ("recovered", "survivors_crashed", "unrecovered", "run_failed"))
+    done = sum(int(getattr(r, o)) for o in FINISHED)
     return int(r.trials) - done - int(r.not_injected)
 
 
@@ -62,8 +69,8 @@ def grid(table: pd.DataFrame) -> str:
             if isinstance(r.why_not, str):
                 cells.append(_short(r.why_not))
             else:
-                n = int(r.trials) - int(r.not_injected) - _pending(r)
-                cells.append(f"**{int(r.recovered)}/{n}**" if n > 0 else "pending")
+                n = _counted(r)
+                cells.append(f"**{int(r.recovered)}/{n}**" if n > 0 else "unaffected" if r.unaffected else "pending")
         lines.append(f"| `{f}` | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 
@@ -77,7 +84,7 @@ def setup_table(rows: pd.DataFrame, trials: Optional[pd.DataFrame] = None) -> st
             continue
         others = [
             f"{o.replace('_', ' ')} {int(getattr(r, o))}"
-            for o in ("survivors_crashed", "unrecovered", "run_failed", "not_injected")
+            for o in ("survivors_crashed", "unrecovered", "unaffected", "run_failed", "not_injected")
             if int(getattr(r, o))
         ]
         done = int(r.trials) - _pending(r)

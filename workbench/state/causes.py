@@ -125,7 +125,7 @@ class EndCause:
     replica: int
     attempt: int
     said_step: Optional[int] = None  # the step the exit (else the job) said it reached
-    injected: Optional[dict] = None  # the fault that ended it: kind, origin, t, target, node
+    fault: Optional[dict] = None  # the first process-ending fault aimed at it: kind, origin, t, target, node
     reason: Optional[str] = None  # the exit's reason, else the job's (``died``: no exit)
     clean: Optional[bool] = None
     signal: Optional[str] = None
@@ -184,9 +184,9 @@ class EndCause:
         self.log = self.log or _files(e.get("log"))
 
     def add_fault(self, e: dict, t: float) -> None:
-        if self.injected is not None and self.injected["t"] <= t:  # two faults on one attempt: the first ended it
+        if self.fault is not None and self.fault["t"] <= t:  # two faults on one attempt: the first ended it
             return
-        self.injected = {
+        self.fault = {
             "kind": e["action"],
             "origin": _str(e.get("origin")),
             "t": t,
@@ -195,6 +195,11 @@ class EndCause:
         }
 
     # -- answers -----------------------------------------------------------------
+    @property
+    def injected(self) -> Optional[dict]:
+        """The fault that ended it; None if it outlived it and completed (seen: a 5 s ``slurmd_kill``, which leaves steps be)."""
+        return None if self.reason == "completed" else self.fault
+
     @property
     def t(self) -> Optional[float]:
         """When it ended: the fault's time, else the exit's, else the job's (when the controller saw it gone)."""
@@ -334,7 +339,8 @@ class EndCause:
         """The full record (JSON), with ``cause``, ``summary``, ``planned`` and the step it ended at."""
         d = dataclasses.asdict(self)
         d.update(t=self.t, step=self.step, cause=self.cause(), summary=self.summary(), planned=self.planned)
-        del d["step_seen"], d["said_step"]
+        d.update(injected=self.injected)  # the field is ``fault``: see ``injected``
+        del d["step_seen"], d["said_step"], d["fault"]
         return d
 
 
