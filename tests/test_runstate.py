@@ -77,6 +77,37 @@ def test_fold_follows_a_group_through_kill_relaunch_and_heal(tmp_path):
     assert reader_state.state == "running"
 
 
+@pytest.mark.parametrize("order", ["as written", "the restore read first"])
+def test_a_total_loss_resumes_from_what_the_groups_loaded_not_from_what_the_log_recorded(tmp_path, order):
+    """Seen in a real run: a group killed after its snapshot of step 60 was renamed into place and before its
+    ``checkpoint`` event was written. The controller's ``state_lost`` names step 40 (the newest it read); the
+    relaunched groups load 60. The fold, the end and the summary say 60: what the run really resumed from."""
+    run_dir = make_run(tmp_path, replicas=2)
+    ctl = EventWriter(run_dir, "controller", run="r1")
+    ctl.emit("start", role="controller")
+    a0 = EventWriter(run_dir, "replica-0.attempt-0", run="r1", replica=0, attempt=0)
+    a0.emit("checkpoint", step=40, durable=True, path=None)
+    a0.emit("step", step=59, loss=2.0, committed=True, participating=True)
+    ctl.emit("restart", replica=0, attempt=1, reason="died")
+    ctl.emit("state_lost", step=59, action="resume", resumed_from=40, source="snapshot")
+    a1 = EventWriter(run_dir, "replica-0.attempt-1", run="r1", replica=0, attempt=1)
+    a1.emit("start", node="n1")
+    a1.emit("phase", phase="restored", from_step=60, path="snapshots/replica-1.pt")
+    events = EventReader(run_dir).poll()
+    if order == "the restore read first":  # another file's line can reach the fold first
+        events.sort(key=lambda e: e["kind"] != "phase")
+    state = RunState(2, 100)
+    for e in events:
+        state.apply([e])
+    assert (state.state_lost["resumed_from"], state.state_lost["recorded_from"]) == (60, 40), state.state_lost
+    ctl.emit("run_end", state="completed", reason="state_lost")
+    end = RunState(2, 100)
+    end.apply(EventReader(run_dir).poll())
+    assert "resumed from the snapshot of step 60: no committed step lost" in end.end_reason, end.end_reason
+    summary = wb.Run(run_dir).summary()["state_lost"]
+    assert (summary["resumed_from"], summary["recorded_from"], summary["step"]) == (60, 40, 59), summary
+
+
 def test_a_spares_takeover_names_the_groups_job(tmp_path):
     """On Slurm a spare's takeover is a `restart` with the spare's job id, not a `submit`."""
     run_dir = make_run(tmp_path)

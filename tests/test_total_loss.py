@@ -47,6 +47,19 @@ def committed_steps(run, attempt_from: int = 0):
     return df.sort_values("t")
 
 
+def joined_in_step(run, replica: int) -> bool:
+    """Whether the relaunched group's DiLoCo join sync committed: then its window counts, and its first inner
+    step is one window past the snapshot. Torchft can vote it down (a collective past the process group's
+    timeout, 1 s here: seen once in a full ``make test`` under load), and then the window is not counted and
+    DiLoCo restores the global weights it started the sync with, the snapshot's."""
+    (join,) = [
+        e
+        for e in run.events_read
+        if e["kind"] == "sync" and e.get("join") and e["replica"] == replica and e["attempt"] >= 1
+    ]
+    return bool(join["committed"])
+
+
 def the_loss(run) -> dict:
     run.wait_for(lambda r: any(e["kind"] == "state_lost" for e in r.events_read), timeout=60)
     (lost,) = [e for e in run.events_read if e["kind"] == "state_lost"]
@@ -58,7 +71,8 @@ def test_lite_snapshots_resume_every_group_killed_at_once(start_run, config):
     """With snapshots on, the relaunched groups load the newest one: the steps go on from it, the loss near
     its value before the kill (not the untrained loss), and the run says it resumed, from which step.
     ``algorithms``: DiLoCo, syncing every 10 inner steps; a snapshot is taken at a committed sync, and the
-    relaunched groups' join sync (``trainers/lite/semi_sync.py``) is one more window of the schedule."""
+    relaunched groups' join sync (``trainers/lite/semi_sync.py``) is one more window of the schedule when it
+    commits."""
     run = start_run(config, {**LITE, "torchft.snapshot_every": 10 if config == "demo" else 20})
     wait_until_both_committed(run, 45 if config == "demo" else 55)
     reached = kill_every_group(run)
@@ -70,24 +84,37 @@ def test_lite_snapshots_resume_every_group_killed_at_once(start_run, config):
     assert lost["action"] == "resume" and lost["source"] == "snapshot", lost
     assert lost["resumed_from"] == max(durable) and lost["resumed_from"] % 10 == 0, (lost, durable)
     assert lost["step"] == max(reached.values()), (lost, reached)
-    restored = [e for e in run.events_read if e["kind"] == "phase" and e["phase"] == "restored"]
-    assert restored and {e["from_step"] for e in restored} == {lost["resumed_from"]}, restored
+    every = 10 if config == "demo" else 20
+    restored = {
+        e["replica"]: e["from_step"] for e in run.events_read if e["kind"] == "phase" and e["phase"] == "restored"
+    }
+    (resumed_from,) = set(restored.values())
+    # the newest snapshot the log recorded, or the next, renamed into place before its event could be written
+    assert resumed_from in (lost["resumed_from"], lost["resumed_from"] + every), (resumed_from, lost)
+    assert resumed_from <= lost["step"] + 1, (resumed_from, lost)
 
     after = committed_steps(run, attempt_from=1)
-    window = 1 if config == "demo" else 10 + 1  # DiLoCo: the join sync counts one window
-    assert after["step"].iloc[0] == lost["resumed_from"] + window, after[["replica", "attempt", "step"]].head()
+    healed = {e["replica"] for e in run.events_read if e["kind"] == "heal" and e["attempt"] >= 1}
+    assert set(restored) | healed == {0, 1}, (
+        restored,
+        healed,
+    )  # each resumed from the snapshot, or healed from one that did
+    for replica in restored:
+        steps = after[after["replica"] == replica]
+        window = 0 if config == "demo" else 10 * joined_in_step(run, replica)
+        assert steps["step"].iloc[0] == resumed_from + window + 1, steps[["replica", "attempt", "step"]].head()
     first = before[before["attempt"] == 0]
     untrained = first["loss"].iloc[0]
-    pre_kill = first[first["step"] <= lost["resumed_from"]]["loss"].tail(5).mean()
+    pre_kill = first[first["step"] <= resumed_from]["loss"].tail(5).mean()
     resumed = after["loss"].head(5).mean()
     print(f"\nloss: untrained {untrained:.2f}, before the kill {pre_kill:.2f}, after resuming {resumed:.2f}")
     assert abs(resumed - pre_kill) < abs(resumed - untrained) / 3, (untrained, pre_kill, resumed)
 
     st = run.status()
     assert st["reason"].startswith("state_lost") and f"at step {lost['step']}" in st["reason"], st["reason"]
-    assert f"snapshot of step {lost['resumed_from']}" in st["reason"], st["reason"]
-    summary = run.summary()
-    assert summary["state_lost"]["action"] == "resume" and summary["state_lost"]["step"] == lost["step"]
+    assert f"snapshot of step {resumed_from}" in st["reason"], st["reason"]
+    summary = run.summary()["state_lost"]
+    assert (summary["action"], summary["step"], summary["resumed_from"]) == ("resume", lost["step"], resumed_from)
 
 
 @pytest.mark.parametrize("on_state_loss", ["fail", "restart"])
@@ -133,12 +160,13 @@ def test_titan_every_group_killed_at_once_resumes_from_its_checkpoint(start_run)
     durable = [e["step"] for e in run.events_read if e["kind"] == "checkpoint" and e["durable"] and e["t"] < lost["t"]]
     assert lost["action"] == "resume" and lost["source"] == "checkpoint", lost
     assert lost["resumed_from"] == max(durable) and lost["step"] == max(reached.values()), (lost, durable, reached)
-    restored = [e for e in run.events_read if e["kind"] == "phase" and e["phase"] == "restored"]
-    assert restored and {e["from_step"] for e in restored} == {lost["resumed_from"]}, restored
+    (resumed_from,) = {e["from_step"] for e in run.events_read if e["kind"] == "phase" and e["phase"] == "restored"}
+    # the newest checkpoint the log recorded, or the next, committed before its event could be written
+    assert resumed_from in (lost["resumed_from"], lost["resumed_from"] + 4), (resumed_from, lost)
     after = committed_steps(run, attempt_from=1)
-    assert after["step"].iloc[0] == lost["resumed_from"] + 1, after[["replica", "attempt", "step"]].head()
+    assert after["step"].iloc[0] == resumed_from + 1, after[["replica", "attempt", "step"]].head()
     st = run.status()
-    assert f"at step {lost['step']}" in st["reason"] and f"checkpoint of step {lost['resumed_from']}" in st["reason"]
+    assert f"at step {lost['step']}" in st["reason"] and f"checkpoint of step {resumed_from}" in st["reason"]
 
 
 def _watch(tmp_path):

@@ -16,7 +16,8 @@ and never relaunched: attempt 0 throughout):
   committed, participating step, after its heal).
 - ``heal_seconds``, ``heal_bytes``: medians over the same faults.
 - ``steps_redone``: the timeline's ``steps_lost`` summed over every fault.
-- ``state_lost``: the last ``state_lost`` (``step``, ``action``, ``resumed_from``, ``source``): every group
+- ``state_lost``: the last ``state_lost`` (``step``, ``action``, ``resumed_from`` as the groups loaded it,
+  ``recorded_from`` as the event said, ``source``): every group
   died with no live peer holding the model state (``controller/total_loss.py``); None if it never was.
 
 A semi-synchronous algorithm's steps are read as :mod:`.useful` decides them: a
@@ -35,9 +36,9 @@ from workbench.analysis.metrics import max_committed_step, metrics_frame
 from workbench.analysis.recovery import ends_process, recovery_timeline
 from workbench.analysis.useful import decided
 from workbench.faults import kinds as faultkinds
-from workbench.state.run_status import run_state_of
+from workbench.state.run_status import as_resumed, run_state_of
 
-STATE_LOST_FIELDS = ("step", "action", "resumed_from", "source", "t")
+STATE_LOST_FIELDS = ("step", "action", "resumed_from", "recorded_from", "source", "t")
 
 
 def counts(events: Sequence[dict]) -> dict:
@@ -78,7 +79,7 @@ def summary(events: Sequence[dict], spec, timeline: Optional[pd.DataFrame] = Non
     kills = timeline[ends_process(timeline)] if len(timeline) else timeline
     metrics = metrics_frame(events)
     lost, discarded = survivor_steps(events, metrics)
-    lost_state = [{k: e.get(k) for k in STATE_LOST_FIELDS} for e in events if e.get("kind") == "state_lost"]
+    lost_state = [e for e in events if e.get("kind") == "state_lost"]
     starts = [e["t"] for e in events if e.get("kind") == "start" and e.get("role") == "controller"]
     committed = metrics[metrics["committed"].astype(bool)] if not metrics.empty else metrics
     first = float(committed["t"].min() - starts[0]) if starts and not committed.empty else None
@@ -109,5 +110,12 @@ def summary(events: Sequence[dict], spec, timeline: Optional[pd.DataFrame] = Non
         "heal_bytes": over_kills("heal_bytes", "median"),
         "participants_at_end": members_after,
         "submit_to_first_step_s": first,
-        "state_lost": lost_state[-1] if lost_state else None,
+        "state_lost": _state_lost(events, max(lost_state, key=lambda e: e.get("t", 0.0))) if lost_state else None,
     }
+
+
+def _state_lost(events: Sequence[dict], lost: dict) -> dict:
+    """The last ``state_lost``, resumed from what the groups loaded after it (``as_resumed``)."""
+    restores = [e for e in events if e.get("kind") == "phase" and e.get("phase") == "restored"]
+    lost = as_resumed(lost, restores) or {}
+    return {k: lost.get(k) for k in STATE_LOST_FIELDS}

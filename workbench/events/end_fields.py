@@ -102,6 +102,10 @@ STATE_LOST = (
     required(
         "action", "what the run does: `resume` from durable state (`resumed_from`), `restart` from scratch, or `fail`"
     ),
-    optional("resumed_from", "with `resume`: the durable state's step"),
+    optional(
+        "resumed_from",
+        "with `resume`: the step of the newest durable state the log recorded; the groups load the newest on disk,"
+        " which their `phase restored` names and the fold and summary take",
+    ),
     optional("source", "with `resume`: where it comes from (`checkpoint`, `snapshot`)"),
 )

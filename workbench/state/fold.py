@@ -26,7 +26,7 @@ from workbench.state.checkpoints import CheckpointLedger
 from workbench.state.event_fields import int_or_zero, well_formed
 from workbench.state.nodes import NodeMap, hit_by
 from workbench.state.replica import ReplicaView
-from workbench.state.run_status import no_write_since, run_state, state_lost_text
+from workbench.state.run_status import as_resumed, no_write_since, run_state, state_lost_text
 from workbench.state.steptimes import StepTimes
 
 MAX_REPLICAS = 4096
@@ -40,7 +40,7 @@ class RunState:
         self.replicas: dict[int, ReplicaView] = {r: ReplicaView(r) for r in range(replicas)}
         self.steps_planned = steps
         self.run_end: Optional[dict] = None
-        self.state_lost: Optional[dict] = None  # the last ``state_lost``: every group died, no peer held the state
+        self._lost_event: Optional[dict] = None  # the last ``state_lost``: ``state_lost`` says it as resumed
         self.started = False
         self.stepped = False
         self.controller: Optional[Proc] = None
@@ -330,13 +330,19 @@ class RunState:
         self.run_end = e
 
     def _on_state_lost(self, e: dict, t: float) -> None:
-        self.state_lost = e
+        self._lost_event = e
 
     def _on_write_gap(self, e: dict, t: float) -> None:
         self.write_gaps += 1
         self.events_lost += int_or_zero(e.get("lost"))
 
     # -- answers -------------------------------------------------------------
+    @property
+    def state_lost(self) -> Optional[dict]:
+        """The last ``state_lost``: every group died and no peer held the state; ``resumed_from`` as the
+        restores after it loaded it (a restore may be read before it, from another file)."""
+        return as_resumed(self._lost_event, [r["event"] for r in self.restores])
+
     @property
     def state(self) -> str:
         """pending | starting | running | completed | failed | stopped."""

@@ -21,6 +21,22 @@ def no_write_since(since: object, error: object) -> str:
     return f"the run root took no write from {when} ({error or 'no error recorded'})"
 
 
+def as_resumed(lost: Optional[dict], restores: Sequence[dict]) -> Optional[dict]:
+    """A ``state_lost`` event with ``resumed_from`` as the groups loaded it (the ``from_step`` of every
+    ``phase restored`` event in ``restores`` that came after it), the controller's figure kept as
+    ``recorded_from``.
+
+    The event names the newest durable state the log recorded when the last group died; the groups load the
+    newest on disk. The two differ when a group was killed after its save was renamed into place and before its
+    ``checkpoint`` event was written (seen: a snapshot of step 60 loaded, the event saying 40), so what they
+    loaded is what the run resumed from."""
+    if not lost or lost.get("action") != "resume":
+        return lost
+    t = lost.get("t", 0.0)
+    steps = [e["from_step"] for e in restores if isinstance(e.get("from_step"), int) and e.get("t", 0.0) >= t]
+    return {**lost, "resumed_from": max(steps), "recorded_from": lost.get("resumed_from")} if steps else lost
+
+
 def state_lost_text(lost: Optional[dict]) -> str:
     """A ``state_lost`` event in words: the step whose model state no live process held, and what followed."""
     if not lost:
