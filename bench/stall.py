@@ -10,7 +10,7 @@ cores shared by two runs, 6 groups, 2 lighthouses, 2 controllers). Per kill, the
 ``survivor_stall_s`` (``analysis.recovery``); over the run, the evictions of live groups
 (``analysis.evictions.live_evictions``: a quorum without a group that was alive and unfaulted) in both
 runs, and the survivors' discarded steps (attempts voted down) in the fault-free run beside it, where
-every one is a false failure (``torchft.pg_timeout_ms`` defaults to the heartbeat timeout).
+every one is a false failure (one that outlasted ``torchft.pg_timeout_ms``).
 
 ``--sweep 200,300,500,1000 --minutes 3``: one such run per ``lighthouse.heartbeat_timeout_ms``, in
 turn; the table it writes is what the spec's default was chosen from (``LighthouseSpec``). With
@@ -112,7 +112,7 @@ def measure(
     stalls = kills["survivor_stall_s"].dropna().to_numpy()
     out = {
         "hb_ms": run.spec.lighthouse.heartbeat_timeout_ms,
-        "pg_timeout_ms": run.spec.torchft.pg_timeout_ms,
+        "pg_timeout_ms": run.spec.pg_timeout_ms,  # in effect, set or not
         "minutes": minutes,
         "run_id": run.id,
         "faults": int(len(kills)),
@@ -166,8 +166,10 @@ def render(m: dict) -> list[str]:
     return [
         "## Survivor stall under chaos (the demo at its default config)",
         "",
-        f"`python -m bench.stall --minutes {m['minutes']:g}` (started {m.get('started', '?')}): "
-        f"the demo (`lighthouse.heartbeat_timeout_ms` {m['hb_ms']}) under chaos, a SIGKILL of group 1 or 2 every "
+        f"`python -m bench.stall --minutes {m['minutes']:g} --mtbf {m.get('mtbf_s', 30):g}` (started "
+        f"{m.get('started', '?')}): the demo (`lighthouse.heartbeat_timeout_ms` {m['hb_ms']}"
+        + (f", `torchft.pg_timeout_ms` {m['pg_timeout_ms']}" if m.get("pg_timeout_ms") else "")
+        + ") under chaos, a SIGKILL of group 1 or 2 every "
         f"~{m.get('mtbf_s', 30):g} s, beside it: "
         + ("a second demo run, fault-free. " if m["beside"] == "demo" else "nothing. ")
         + "A survivor's stall: its longest gap around the kill beyond its median step. An eviction of a live group: "
@@ -188,7 +190,7 @@ def render_sweep(ms: list[dict]) -> list[str]:
         f"`python -m bench.stall --minutes {ms[0]['minutes']:g} --mtbf {ms[0].get('mtbf_s', 30):g} --hb H --save DIR` "
         f"for H in {', '.join(str(m['hb_ms']) for m in ms)} (one after the other, the first started "
         f"{min(m.get('started', '?') for m in ms)}), then `--render-sweep DIR`: one chaos run of the demo per "
-        "`lighthouse.heartbeat_timeout_ms` (`torchft.pg_timeout_ms` unset: the same), a SIGKILL of group 1 or 2 "
+        "`lighthouse.heartbeat_timeout_ms` (`torchft.pg_timeout_ms` unset: then the same), a SIGKILL of group 1 or 2 "
         f"every ~{ms[0].get('mtbf_s', 30):g} s, a second demo run training beside each, fault-free.",
         "",
         *HEADER,

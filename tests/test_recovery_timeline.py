@@ -178,3 +178,22 @@ def test_the_timeline_figure_keeps_a_readable_plot_area_for_any_number_of_faults
         layout = timeline_figure(pd.DataFrame(rows)).layout
         plot_px = layout.height - layout.margin.t - layout.margin.b
         assert plot_px >= max(160, 36 * n), (n, plot_px)
+
+
+def test_a_hang_its_peers_waited_out_is_recovered_without_a_detection(tmp_path):
+    """A 1 s hang of group 2 at 10.5, shorter than the process-group timeout: groups 0 and 1 wait in
+    the all-reduce (no step at 11, no vote, no quorum), group 2 resumes at 11.5 and all three step at
+    12 in the same quorum. Nothing detected it and nothing had to: complete, no heal; the survivors'
+    stall is the 2 s gap less their 1 s median step."""
+    log = HandLog(tmp_path)
+    for r in range(3):
+        log.emit(r, "start", -2, trainer="torchft-lite", role="replica")
+    log.quorum(-1, [0, 1, 2])
+    log.ticks(range(1, 11), [0, 1, 2], 3)
+    log.fault(10.5, "hang", 2, seconds=1.0)
+    log.fault(11.5, "resume", 2)
+    log.ticks(range(12, 16), [0, 1, 2], 3)
+    row = analysis.recovery_timeline(sorted(EventReader(tmp_path).poll(), key=lambda e: e["t"])).iloc[0]
+    assert math.isnan(row["detected"]) and math.isnan(row["quorum_without_victim"]) and math.isnan(row["heal_done"])
+    assert (row["replacement_started"], row["participating"], row["survivor_stall_s"]) == (1.0, 1.5, 1.0)
+    assert row["complete"]

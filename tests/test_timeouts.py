@@ -71,7 +71,7 @@ RULES = {
         {"titan.overrides": {"comm.train_timeout_seconds": 1}},
         None,
         None,
-        [f"{TITAN_TRAIN} (1)", "fault_tolerance.process_group_timeout_ms (2000, unset: 2 × lighthouse"],
+        [f"{TITAN_TRAIN} (1)", "torchft.pg_timeout_ms (2000, unset: max(2000, lighthouse"],
     ),
     "titan init timeout vs training timeout": (
         "titan-cpu",

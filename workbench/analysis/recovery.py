@@ -14,7 +14,8 @@ Milestones, each in seconds after the ``fault`` event (NaN: not reached):
   ``straggler``): fault (cut) → ``quorum_without_victim`` (where its peers go on
   without it) → ``replacement_started`` = its undo (link back) → ``heal_done`` →
   ``participating`` (rejoined), each counted from the undo on; a ``freeze``
-  reads as a hang.
+  reads as a hang. A pause its peers waited out (``torchft.pg_timeout_ms``) left
+  no quorum and needed no heal: ``detected`` stays NaN, complete once it steps.
 - lighthouse fault: ``detected`` (seen down) → ``replacement_started`` (up
   again) → ``participating`` (training commits again).
 - an end no fault explains (``action`` ``unplanned``: a crash, the OOM killer,
@@ -290,10 +291,12 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
         row["steps_lost"] = log.undecided_of(victim, attempt0, tf)
     else:
         row["steps_lost"] = 0 if heal else None
-    # A group that comes back behind its peers must heal; a paused one that was still the
-    # furthest ahead (its peers died meanwhile) carries on from its own next step.
-    # One that stayed in the quorum throughout (a straggler) never fell behind.
-    carried_on = same_process and back is not None and (back.get("step") == last_before + 1 or not kind.leaves_quorum)
+    # A group that comes back behind its peers must heal; a paused one that was still the furthest ahead
+    # (its peers died meanwhile) carries on from its own next step, and so does one that stayed in the quorum
+    # (a straggler, or a pause its peers waited out within the process-group timeout: nothing detected it).
+    waited_out = same_process and back is not None and math.isnan(row["detected"])
+    ahead = back is not None and (back.get("step") == last_before + 1 or not kind.leaves_quorum)
+    carried_on = waited_out or (same_process and ahead)
     # With every peer down too (overlapping faults), there is no one to heal from: the group
     # restarts from scratch. That recovery completes, but it is a loss, and is flagged.
     lone = False
@@ -302,7 +305,7 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
         lone = not any(s.any_within(tf, lo, back["t"]) for r, s in log.committed_by_replica.items() if r != victim)
     row["from_scratch"] = bool(lone and not same_process)
     required = ["replacement_started", "participating"] + ([] if carried_on or lone else ["heal_done"])
-    if log.has_quorums and kind.leaves_quorum:
+    if log.has_quorums and kind.leaves_quorum and not waited_out:
         required += ["detected", "quorum_without_victim"]
     row["complete"] = bool(all(not math.isnan(row[k]) for k in required))
     stalls = [s for s in (sv.stall(tf) for sv in log.survivors.values()) if s is not None]

@@ -44,6 +44,7 @@ from workbench.spec.sections import (
     TorchftSpec,
 )
 from workbench.trainers.registry import trainer_kind, trainer_names
+from workbench.trainers.torchft import pg_timeout
 
 TRAINERS = trainer_names()
 if TYPE_CHECKING:
@@ -264,7 +265,7 @@ class Spec(Section):
 
     @property
     def pg_timeout_ms(self) -> int:
-        return self.torchft.pg_timeout_ms or self.lighthouse.heartbeat_timeout_ms
+        return pg_timeout.pg_timeout_ms(self.torchft.pg_timeout_ms, self.lighthouse.heartbeat_timeout_ms)
 
     def to_dict(self) -> dict:
         return self.model_dump(mode="json")

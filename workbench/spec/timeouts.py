@@ -41,6 +41,7 @@ from typing import Any, Optional
 from workbench.paths import CONFIG_DIR
 from workbench.spec.models import Spec
 from workbench.trainers.registry import trainer_kind
+from workbench.trainers.torchft.pg_timeout import DEFAULT_MS as DEFAULT_PG_MS
 
 SIGNAL_DELAY_S = 90
 """submitit's ``--signal=USR2@90``: a Slurm job is told to stop this long before its time limit."""
@@ -94,20 +95,22 @@ def titan_config(spec: Spec) -> dict[str, Any]:
 def pg_timeout(spec: Spec) -> tuple[str, float]:
     """The cross-group process group's timeout as the trainer sets it: (the key and where it comes from, ms).
 
-    TorchTitan's job (``trainers/titan/job.py``) passes ``torchft.pg_timeout_ms``, else twice the
-    heartbeat timeout, unless ``titan.overrides`` sets it; torchft-lite takes ``Spec.pg_timeout_ms``.
-    The text reads ``key (value)``: ``torchft.pg_timeout_ms (1000, unset: lighthouse.heartbeat_timeout_ms)``.
+    Both torchft trainers take ``torchft.pg_timeout_ms``, unset the default of
+    ``trainers/torchft/pg_timeout.py`` (or the heartbeat timeout where longer); TorchTitan's
+    job (``trainers/titan/job.py``) passes it unless ``titan.overrides`` sets
+    ``fault_tolerance.process_group_timeout_ms``. The text reads
+    ``key (value)``: ``torchft.pg_timeout_ms (2000, unset: max(2000, lighthouse.heartbeat_timeout_ms))``.
     """
+    unset = (
+        ""
+        if spec.torchft.pg_timeout_ms is not None
+        else f", unset: max({DEFAULT_PG_MS}, lighthouse.heartbeat_timeout_ms)"
+    )
     if "titan" in trainer_kind(spec.trainer).sections:
         key = "fault_tolerance.process_group_timeout_ms"
         override = (spec.titan.get("overrides") or {}).get(key)
         if isinstance(override, (int, float)):
             return f"titan.overrides.{key} ({override:g})", float(override)
-        if spec.torchft.pg_timeout_ms is not None:
-            return f"torchft.pg_timeout_ms ({spec.torchft.pg_timeout_ms})", float(spec.torchft.pg_timeout_ms)
-        ms = 2.0 * spec.lighthouse.heartbeat_timeout_ms
-        return f"{key} ({ms:g}, unset: 2 × lighthouse.heartbeat_timeout_ms)", ms
-    unset = ", unset: lighthouse.heartbeat_timeout_ms" if spec.torchft.pg_timeout_ms is None else ""
     return f"torchft.pg_timeout_ms ({spec.pg_timeout_ms}{unset})", float(spec.pg_timeout_ms)
 
 

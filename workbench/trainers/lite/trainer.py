@@ -40,6 +40,7 @@ from workbench.trainers.placement import placement
 from workbench.trainers.raise_hook import maybe_raise
 from workbench.trainers.torchft import collective_failure, commit_vote, quorum_epochs
 from workbench.trainers.torchft.logs import TorchftLogHandler
+from workbench.trainers.torchft.pg_timeout import in_effect_ms
 
 
 def run(ctx: JobContext) -> None:
@@ -118,7 +119,7 @@ def run(ctx: JobContext) -> None:
 
     timeout = timedelta(seconds=tf["timeout_s"])
     store = loopback.loopback_store()
-    pg_timeout = timedelta(milliseconds=_pg_timeout_ms(spec))
+    pg_timeout = timedelta(milliseconds=in_effect_ms(spec))
     pg = loopback.loopback_process_group_gloo()(timeout=pg_timeout)
     if tf.get("checkpoint_transport", "pg") == "pg":
         init_adamw_state(inner_opt)  # the heal receives into it in place; AdamW would create the same zeros lazily
@@ -393,7 +394,3 @@ def _finish(writer, manager, model, reason: str, step: int, loop_t0: float, iter
     writer.close()
     if reason != "completed":
         os._exit(0)  # the controller relaunches on a non-completed exit; skip slow teardown
-
-
-def _pg_timeout_ms(spec: dict) -> int:
-    return spec["torchft"].get("pg_timeout_ms") or spec["lighthouse"]["heartbeat_timeout_ms"]

@@ -88,6 +88,7 @@ from workbench.trainers.process_group import ProcessGroup
 from workbench.trainers.titan import spare as titan_spare
 from workbench.trainers.titan.assets import ensure_assets
 from workbench.trainers.titan.rank import forked_rank, parse_ahead
+from workbench.trainers.torchft import pg_timeout
 
 RANK_MODULE = "workbench.trainers.titan.rank"
 OFFLINE_ENV = {"HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1"}
@@ -139,7 +140,6 @@ def job_flags(ctx: JobContext, assets: Path) -> list[str]:
     spec = ctx.spec
     titan = spec.get("titan") or {}
     config = tomllib.loads(resolve_toml(titan.get("config", "titan-cpu-debug.toml")).read_text())
-    pg_timeout_ms = spec["torchft"].get("pg_timeout_ms") or 2 * spec["lighthouse"]["heartbeat_timeout_ms"]
     derived = {
         "training.steps": spec["steps"],
         "debug.seed": spec["seed"],
@@ -147,7 +147,7 @@ def job_flags(ctx: JobContext, assets: Path) -> list[str]:
         "fault_tolerance.replica_id": ctx.replica,
         "fault_tolerance.group_size": spec["replicas"],
         "fault_tolerance.min_replica_size": spec["min_replicas"],
-        "fault_tolerance.process_group_timeout_ms": pg_timeout_ms,
+        "fault_tolerance.process_group_timeout_ms": pg_timeout.in_effect_ms(spec),
         "checkpoint.enable": True,
         "dump_folder": str(Path(ctx.run_dir) / "checkpoints" / "titan"),
         "hf_assets_path": str(assets / "tokenizer"),
