@@ -8,8 +8,11 @@ participates, and prints one JSON line per kill: kill → first committed
 participating step of the next attempt, the heal's bytes (group 0's rank 0's
 shard), where it was served from and over which interface, and the bytes the
 serving node's link sent meanwhile (every rank of the group heals: the link
-carries all of them). Then one line per layout: the median, n, and the
-1-minute load average at the end. The default compares a group of one rank
+carries all of them). Then per layout the replacement's phases, in seconds after each kill
+(``analysis.phases.replacement_phases``: the controller noticed the job gone, resubmitted it
+(``restarted``: sbatch), the new job's ``start`` on its node, imports, TorchTitan's own phases,
+heal, participating) and their medians, and one line: the median, p95, n, and the 1-minute load
+average at each kill and at the end. The default compares a group of one rank
 on each of two nodes with a group of two ranks on one node: the same
 world size, once across the bridge and once inside a node.
 Everything it starts it stops (each run by its controller, the cluster by PID).
@@ -41,6 +44,21 @@ def _participating_t(run, replica: int, attempt: int):
 def _layout(text: str) -> tuple[int, int]:
     nodes, _, nproc = text.partition("x")
     return int(nodes), int(nproc or 1)
+
+
+def phases(run):
+    """The replacement's phases per kill (seconds after it), with the controller's ``noticed`` and ``restarted``."""
+    from workbench import analysis
+    from workbench.analysis.phases import phase_medians, replacement_phases
+    from workbench.analysis.recovery import ends_process
+
+    events = run.event_records()
+    timeline = analysis.recovery_timeline(events)
+    frame = replacement_phases(events, timeline)
+    killed = timeline[ends_process(timeline)]
+    frame.insert(4, "noticed", killed["noticed"].to_numpy())
+    frame.insert(5, "restarted", killed["restarted"].to_numpy())
+    return frame, phase_medians(frame)
 
 
 def measure(
@@ -94,6 +112,11 @@ def measure(
             print(json.dumps(row), flush=True)
     finally:
         run.stop(timeout=30)
+    frame, medians = phases(run)
+    print(frame.round(2).to_string(), flush=True)
+    print(medians.round(2).to_string(), flush=True)
+    for row in rows:
+        row["phase_medians"] = dict(zip(medians["milestone"], medians["median_s"].round(2)))
     return rows
 
 
@@ -105,6 +128,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     import signal
+
+    import numpy
 
     import workbench as wb
     from workbench import devcluster
@@ -128,6 +153,10 @@ def main(argv=None) -> int:
                     "layout": text,
                     "n": len(times),
                     "median_kill_to_participating_s": statistics.median(times) if times else None,
+                    "p95_kill_to_participating_s": float(numpy.percentile(times, 95)) if times else None,
+                    "each_s": [round(t, 2) for t in times],
+                    "phase_medians_s": rows[0]["phase_medians"] if rows else None,
+                    "load_1m_at_kills": [round(r["load_1m"], 2) for r in rows],
                     "median_heal_bytes": statistics.median(r["heal_bytes"] or 0 for r in rows) if rows else None,
                     "load_1m": os.getloadavg()[0],
                 }

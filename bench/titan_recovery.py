@@ -1,7 +1,8 @@
 """TorchTitan kill → participating, and where the replacement's seconds go (``--only titan_recovery``).
 
-``python -m bench.titan_recovery [--kills 6] [--every 15]``: ``configs/titan-cpu.yaml`` (two groups of the
-llama3 debug model on this machine's CPU, one node) with replica 1 SIGKILLed every ``every`` seconds,
+``python -m bench.titan_recovery [--config titan-cpu] [--kills 6] [--every 15]``: ``configs/titan-cpu.yaml``
+(two groups of the llama3 debug model on this machine's CPU, one node; ``--config titan-cpu-light``: the
+classroom's tiny Llama, several steps a second) with replica 1 SIGKILLed every ``every`` seconds,
 ``kills`` times, for each variant: one rank per group with its ranks forked warm from the job (the
 default, ``trainers/forked.py``), two ranks per group forked warm, one rank per group with a hot spare (a
 job started and ready before the kill takes the group over: ``titan/spare.py``), and one rank per group exec'd as fresh
@@ -9,7 +10,8 @@ interpreters (``WORKBENCH_TITAN_WARM_RANKS=0``, the path before warm ranks, for 
 recovery timeline's kill → participating and the replacement's phases
 (``workbench.analysis.phases``): seconds after the kill to its start, imports, config, distributed
 rendezvous, model built, trainer built, first quorum, heal and first participating step. The 1-minute load
-average is read at each run's start and end. ``measure`` returns the rows, ``render`` the report's lines.
+average is read at each run's start and end, and each row names its config. ``measure`` returns the rows,
+``render`` the report's lines.
 """
 
 from __future__ import annotations
@@ -34,15 +36,17 @@ VARIANTS = {  # name -> (nproc_per_replica, WORKBENCH_TITAN_WARM_RANKS, spares)
 }
 TARGETS = {"1 rank/group, warm": 5.0, "2 ranks/group, warm": 8.0, "1 rank/group, hot spare": 2.0}  # seconds
 FIRST_KILL_S = 20.0
+CONFIG = "titan-cpu"
+META = ["config", "variant", "run_dir", "load_start", "load_end"]
 
 
-def one(variant: str, kills: int, every: float, root: Path) -> pd.DataFrame:
+def one(variant: str, kills: int, every: float, root: Path, config: str = CONFIG) -> pd.DataFrame:
     nproc, warm, spares = VARIANTS[variant]
     os.environ["WORKBENCH_TITAN_WARM_RANKS"] = warm
     os.environ["WORKBENCH_RUN_ROOT"] = str(root)
     faults = [{"action": "kill", "target": 1, "at_s": FIRST_KILL_S + i * every} for i in range(kills)]
     load = os.getloadavg()[0]
-    run = wb.submit("titan-cpu", {"steps": 100_000, "nproc_per_replica": nproc, "spares": spares, "faults": faults})
+    run = wb.submit(config, {"steps": 100_000, "nproc_per_replica": nproc, "spares": spares, "faults": faults})
     try:
         deadline = time.time() + FIRST_KILL_S + kills * every + 240
         while time.time() < deadline and run.state() not in ("completed", "failed", "stopped"):
@@ -54,17 +58,21 @@ def one(variant: str, kills: int, every: float, root: Path) -> pd.DataFrame:
         run.stop(timeout=30)
     events = run.event_records()
     frame = replacement_phases(events, analysis.recovery_timeline(events))
-    return frame.assign(variant=variant, run_dir=str(run.run_dir), load_start=load, load_end=os.getloadavg()[0])
+    return frame.assign(
+        config=config, variant=variant, run_dir=str(run.run_dir), load_start=load, load_end=os.getloadavg()[0]
+    )
 
 
-def measure(kills: int = 6, every: float = 15.0, root: Path | None = None, variants=None) -> pd.DataFrame:
+def measure(
+    kills: int = 6, every: float = 15.0, root: Path | None = None, variants=None, config: str = CONFIG
+) -> pd.DataFrame:
     old = {k: os.environ.get(k) for k in ("WORKBENCH_TITAN_WARM_RANKS", "WORKBENCH_RUN_ROOT")}
     frames = []
     try:
         with tempfile.TemporaryDirectory(prefix="wb-bench-titan-") as tmp:
             for variant in variants or VARIANTS:
-                frames.append(one(variant, kills, every, Path(root or tmp)))
-                print(f"[titan recovery] {variant}:\n{frames[-1].round(2).to_string()}", flush=True)
+                frames.append(one(variant, kills, every, Path(root or tmp), config))
+                print(f"[titan recovery] {config}, {variant}:\n{frames[-1].round(2).to_string()}", flush=True)
     finally:
         for k, v in old.items():
             if v is None:
@@ -75,32 +83,33 @@ def measure(kills: int = 6, every: float = 15.0, root: Path | None = None, varia
 
 
 def render(df: pd.DataFrame) -> list[str]:
+    df = df.assign(config=df["config"].fillna(CONFIG)) if "config" in df else df.assign(config=CONFIG)
+    df = df.assign(row=df["variant"] + " · " + df["config"])
     lines = [
         "## TorchTitan kill → participating, and where the seconds go (local backend, one node)",
         "",
-        "`configs/titan-cpu.yaml` (two groups of the llama3 debug model, CPU), replica 1 SIGKILLed every "
-        "15 s; per variant the medians over its kills of each milestone, in seconds after the kill (Δ: from "
+        "`configs/titan-cpu.yaml` (two groups of the llama3 debug model, CPU) or `configs/titan-cpu-light.yaml` "
+        "(the classroom's tiny Llama, several steps a second), as each row's config says, replica 1 SIGKILLed "
+        "every 15 s; per variant the medians over its kills of each milestone, in seconds after the kill (Δ: from "
         "the milestone before). *warm*: the job forks its ranks from itself, forked warm by the fork server "
         "(`trainers/forked.py`); *exec*: each rank a fresh interpreter (`WORKBENCH_TITAN_WARM_RANKS=0`). "
-        "The healed step takes no part (torchft's rule), so participating is the heal plus about two steps.",
+        "The healing step takes no part (torchft's asynchronous quorum counts only the groups at the newest "
+        "step), and a step counts at its commit, so participating is the heal plus about two steps.",
         "",
-        "| variant | kills | kill → participating: median | max | target | warm | load (start–end) |",
-        "|---|---|---|---|---|---|---|",
+        "| variant | config | kills | kill → participating: median | max | target | warm | load (start–end) |",
+        "|---|---|---|---|---|---|---|---|",
     ]
-    for variant, g in df.groupby("variant", sort=False):
+    for (variant, config), g in df.groupby(["variant", "config"], sort=False):
         done = g["participating"].dropna()
         target = TARGETS.get(str(variant))
         lines.append(
-            f"| {variant} | {len(done)} of {len(g)} | {done.median():.2f} | {done.max():.2f} | "
+            f"| {variant} | {config} | {len(done)} of {len(g)} | {done.median():.2f} | {done.max():.2f} | "
             f"{'≤ %g' % target if target else '–'} | {', '.join(sorted({str(w) for w in g['warm'].dropna()}))} | "
             f"{g['load_start'].median():.2f}–{g['load_end'].median():.2f} |"
         )
-    lines += ["", "| milestone | " + " | ".join(f"{v} (Δ)" for v in df["variant"].unique()) + " |"]
-    lines.append("|---|" + "---|" * df["variant"].nunique())
-    medians = {
-        v: phase_medians(g.drop(columns=["variant", "run_dir", "load_start", "load_end"]))
-        for v, g in df.groupby("variant", sort=False)
-    }
+    lines += ["", "| milestone | " + " | ".join(f"{v} (Δ)" for v in df["row"].unique()) + " |"]
+    lines.append("|---|" + "---|" * df["row"].nunique())
+    medians = {v: phase_medians(g.drop(columns=[*META, "row"])) for v, g in df.groupby("row", sort=False)}
     milestones = list(dict.fromkeys(m for f in medians.values() for m in f["milestone"]))
     for m in milestones:
         cells = []
@@ -114,12 +123,14 @@ def render(df: pd.DataFrame) -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.titan_recovery", description=__doc__.splitlines()[0])
+    ap.add_argument("--config", default=CONFIG, help="a shipped config, run by name (default: %(default)s)")
     ap.add_argument("--kills", type=int, default=6)
     ap.add_argument("--every", type=float, default=15.0)
     ap.add_argument("--variant", action="append", choices=list(VARIANTS), help="only these (default: all)")
+    ap.add_argument("--root", type=Path, help="keep the runs under this run root (default: a temporary one)")
     args = ap.parse_args(argv)
     t0 = time.time()
-    df = measure(args.kills, args.every, variants=args.variant)
+    df = measure(args.kills, args.every, variants=args.variant, config=args.config, root=args.root)
     print("\n".join(render(df)))
     print(f"({time.time() - t0:.0f} s)")
     return 0 if df["participating"].notna().all() else 1
