@@ -1,4 +1,5 @@
-"""``python -m bench.multihost [--layouts 2x1,1x2] [--kills 3]``: titan groups over namespaced nodes, killed and healed.
+"""``python -m bench.multihost [--layouts 2x1,1x2] [--kills 3] [--spares 0]``: titan groups over namespaced nodes,
+killed and healed.
 
 Brings the dev cluster up (namespaced nodes) in a temporary state directory
 and, for each layout ``NxP`` (N nodes a group, P ranks a node; 4 CPUs a task,
@@ -14,7 +15,10 @@ carries all of them). Then per layout the replacement's phases, in seconds after
 heal, participating) and their medians, and one line: the median, p95, n, and the 1-minute load
 average at each kill and at the end. The default compares a group of one rank
 on each of two nodes with a group of two ranks on one node: the same
-world size, once across the bridge and once inside a node.
+world size, once across the bridge and once inside a node. ``--spares 1``:
+a hot spare takes each killed group over (``titan/spare.py``: on Slurm it
+imports torchtitan while it waits and forks its ranks warm), with 2 CPUs a
+task so that the spare's tasks fit beside the groups'.
 Everything it starts it stops (each run by its controller, the cluster by PID).
 """
 
@@ -62,7 +66,7 @@ def phases(run):
 
 
 def measure(
-    wb, netns, nodes: dict, mode: str, run_root: Path, layout: tuple[int, int], kills: int, timeout: float
+    wb, netns, nodes: dict, mode: str, run_root: Path, layout: tuple[int, int], kills: int, timeout: float, spares=0
 ) -> list[dict]:
     n_nodes, nproc = layout
     rows: list[dict] = []
@@ -74,7 +78,8 @@ def measure(
             "faults": [],
             "slurm.nodes": n_nodes,
             "nproc_per_replica": nproc,
-            "slurm.cpus_per_task": 4,
+            "slurm.cpus_per_task": 2 if spares else 4,  # with a spare, 6 tasks on the 4 nodes
+            "spares": spares,
             "titan.overrides": {"training.seq_len": 64},
             "run_root": str(run_root),
         },
@@ -97,7 +102,7 @@ def measure(
             source = next((n for n, a in nodes.items() if a == heal.get("served_from")), None)
             sent = (netns.link_bytes(source)["sent"] - before[source]["sent"]) if source and before else None
             row = {
-                "layout": f"{n_nodes}x{nproc}",
+                "layout": f"{n_nodes}x{nproc}" + (f"+{spares} spare" if spares else ""),
                 "kill": k,
                 "kill_to_participating_s": _participating_t(run, 0, k + 1) - fault["t"],
                 "heal_bytes": heal.get("bytes"),
@@ -125,6 +130,7 @@ def main(argv=None) -> int:
     ap.add_argument("--layouts", default="2x1,1x2", help="NxP,...: N nodes a group, P ranks a node")
     ap.add_argument("--kills", type=int, default=3)
     ap.add_argument("--timeout", type=float, default=300.0)
+    ap.add_argument("--spares", type=int, default=0, help="hot spares (titan/spare.py; 2 CPUs a task then)")
     args = ap.parse_args(argv)
 
     import signal
@@ -146,11 +152,11 @@ def main(argv=None) -> int:
     summary = []
     try:
         for text in args.layouts.split(","):
-            rows = measure(wb, netns, nodes, mode, tmp / "runs", _layout(text), args.kills, args.timeout)
+            rows = measure(wb, netns, nodes, mode, tmp / "runs", _layout(text), args.kills, args.timeout, args.spares)
             times = [r["kill_to_participating_s"] for r in rows]
             summary.append(
                 {
-                    "layout": text,
+                    "layout": text + (f"+{args.spares} spare" if args.spares else ""),
                     "n": len(times),
                     "median_kill_to_participating_s": statistics.median(times) if times else None,
                     "p95_kill_to_participating_s": float(numpy.percentile(times, 95)) if times else None,

@@ -441,7 +441,7 @@ def _ready(run, replica: int) -> bool:
     )
 
 
-def _two_node_titan(start_run):
+def _two_node_titan(start_run, **overrides):
     return start_run(
         "titan-cpu",
         {
@@ -451,6 +451,7 @@ def _two_node_titan(start_run):
             "slurm.nodes": 2,
             "slurm.cpus_per_task": 4,
             "titan.overrides": {"training.seq_len": 64},
+            **overrides,
         },
     )
 
@@ -542,3 +543,40 @@ def test_titan_group_over_two_nodes_killed_heals_across_the_bridge(cluster, star
         f"\n2-node titan group: kill -> participating {rejoin:.1f} s; heal {heal['bytes'] / 1e6:.1f} MB "
         f"from {heal['served_from']} via {heal['interface']}; {source}'s link sent {sent / 1e6:.1f} MB meanwhile"
     )
+
+
+@needs_cluster
+@pytest.mark.titan
+@pytest.mark.slow
+def test_a_titan_spare_on_slurm_waits_warm_and_forks_the_ranks_of_the_two_node_group_it_takes_over(cluster, start_run):
+    """A Slurm job is a fresh interpreter, so a relaunched group execs its ranks, which import torchtitan after
+    the kill. A spare imports it while it waits (``titan/spare.py``): it says so in ``spare_ready``, and the
+    group it takes over (2 nodes x 1 rank) gets ranks forked warm on both nodes, which heal and take part.
+    2 CPUs a task: the two groups and the spare (6 tasks) fit the 4 nodes."""
+    pytest.importorskip("torchtitan")
+    run = _two_node_titan(start_run, **{"spares": 1, "slurm.cpus_per_task": 2})
+
+    def spare_ready(r):
+        return [e for e in r.events_read if e["kind"] == "phase" and e.get("phase") == "spare_ready"]
+
+    run.wait_for(lambda r: len(spare_ready(r)) >= 2, timeout=300)  # one per task: both nodes of the spare
+    assert all(e.get("warm") is True for e in spare_ready(run)), spare_ready(run)
+    for r in (0, 1):
+        run.wait_for(_participating(run, r, 0, 2), timeout=300)
+    fault = run.kill(0)
+    run.wait_for(_participating(run, 0, 1, 1), timeout=300)
+    events = run.event_records()
+    starts = [e for e in events if e["kind"] == "start" and e.get("replica") == 0 and e.get("attempt") == 1]
+    assert {e.get("from_spare") for e in starts} == {0} and len(starts) == 2, starts  # task 0 and task 1
+    imports = [
+        e
+        for e in events
+        if e["kind"] == "phase" and e["phase"] == "imports_done" and e.get("replica") == 0 and e.get("attempt") == 1
+    ]
+    assert imports and all(e.get("warm") is True for e in imports), imports  # rank 0 writes the group's phases
+    rejoin = min(
+        e["t"]
+        for e in events
+        if e["kind"] == "step" and e.get("replica") == 0 and e.get("attempt") == 1 and e.get("participating")
+    )
+    print(f"\n2-node titan group, Slurm hot spare: kill -> participating {rejoin - fault['t']:.1f} s")

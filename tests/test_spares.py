@@ -122,7 +122,7 @@ def test_a_titan_hot_spare_takes_over_a_killed_group_and_heals(start_run):
     events = run.event_records()
     spare_start = next(e for e in events if e["kind"] == "start" and e.get("spare") == 0 and e.get("replica") is None)
     ready = next(e for e in events if e["kind"] == "phase" and e.get("phase") == "spare_ready" and e.get("spare") == 0)
-    assert spare_start["role"] == "spare" and ready["t"] < fault["t"]
+    assert spare_start["role"] == "spare" and ready["t"] < fault["t"] and ready["warm"] is True
     restart = next(e for e in events if e["kind"] == "restart" and e.get("replica") == 1)
     assert restart["spare"] == 0 and restart["attempt"] == 1
     start = next(e for e in events if e["kind"] == "start" and e.get("replica") == 1 and e.get("attempt") == 1)

@@ -33,6 +33,7 @@ would hold the port).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -42,11 +43,29 @@ import sys
 import threading
 import traceback
 from pathlib import Path
-from typing import Any, Callable, NoReturn, Optional
+from typing import Any, Callable, Iterator, NoReturn, Optional
 
 import psutil
 
 from workbench.trainers.kit import STOP_SIGNALS, die_with_parent
+
+QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
+"""The environment under which the imports a fork inherits start no thread: numpy's OpenBLAS pool and
+pyarrow's jemalloc background thread would otherwise start at import (the fork server's, and a TorchTitan
+spare's on Slurm)."""
+
+
+@contextlib.contextmanager
+def quiet_imports() -> Iterator[None]:
+    """Import under :data:`QUIET_ENV` (where the environment does not set those already), then give the
+    environment back: the libraries read it when they load, and the children get the environment as it was."""
+    added = {k: v for k, v in QUIET_ENV.items() if k not in os.environ}
+    os.environ.update(added)
+    try:
+        yield
+    finally:
+        for k in added:
+            os.environ.pop(k, None)
 
 
 def fork_safety() -> Optional[str]:

@@ -1,7 +1,7 @@
 """The controller's side of the fork server: its handle, and a submitit executor whose jobs it forks.
 
 :class:`ForkServer` starts the run's server (``python -m workbench.cluster.local.forkserver``,
-with :data:`~workbench.cluster.local.forkserver.QUIET_ENV`) and speaks its protocol (one JSON
+with :data:`~workbench.trainers.forked.QUIET_ENV`) and speaks its protocol (one JSON
 line each way, :mod:`workbench.cluster.local.forkserver`), one request at a time.
 :class:`ForkExecutor` is submitit's ``LocalExecutor`` with the task forked by that server instead
 of started as two new interpreters; the job is a :class:`ForkJob` whose id is the child's PID.
@@ -27,6 +27,7 @@ from submitit.core import core, utils
 from workbench.cluster import exits
 from workbench.cluster.local import forkserver, submitit_local
 from workbench.cluster.procs import HOST, START_TOLERANCE_S, Marker, Proc, start_time
+from workbench.trainers.forked import QUIET_ENV
 
 STATUS_WAIT_S = 0.5  # for the server's status file of a child that has just ended (it reaps every 20 ms)
 
@@ -49,7 +50,7 @@ class ForkServer:
         """Start the server without waiting for its imports (``wait_ready`` waits)."""
         if self.proc is not None and self.proc.poll() is None:
             return
-        env = {**os.environ, **forkserver.QUIET_ENV}
+        env = {**os.environ, **QUIET_ENV}
         err: IO[bytes] | int = open(self.log, "ab") if self.log else subprocess.DEVNULL
         try:
             self.proc = subprocess.Popen(

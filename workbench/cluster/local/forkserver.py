@@ -48,7 +48,7 @@ processes would accept on it). The server checks all three before it says it is
 ready and before every fork (``fork_safety``), and refuses to fork otherwise. Two
 libraries start a thread on import here, and the server's environment turns them
 off: numpy's OpenBLAS pool (``OPENBLAS_NUM_THREADS=1``) and pyarrow's jemalloc
-background thread (``JE_ARROW_MALLOC_CONF=background_thread:false``): ``QUIET_ENV``;
+background thread (``JE_ARROW_MALLOC_CONF=background_thread:false``): ``forked.QUIET_ENV``;
 the child gets the controller's environment back (``env`` of the request), which
 only affects libraries initialised after the fork.
 
@@ -78,7 +78,6 @@ from workbench.cluster import exits
 from workbench.cluster.procs import start_time
 from workbench.trainers.forked import fork_safety, reseed, run_child
 
-QUIET_ENV = {"OPENBLAS_NUM_THREADS": "1", "JE_ARROW_MALLOC_CONF": "background_thread:false"}
 CANCEL_GRACE_S = 1.0  # submitit's local controller: SIGINT, then SIGKILL after 1 s
 REAP_S = 0.02
 PICKLE_WAIT_S = 60.0  # process_job's own wait for the submitted pickle

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, Optional
 
 from workbench.cluster.slurm.statedir import running_slurm_conf
+from workbench.trainers.forked import QUIET_ENV
 from workbench.trainers.placement import node_address
 
 TERMINAL_STATES = frozenset(
@@ -161,6 +162,12 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
     survivors wait out JAX's heartbeat timeout (100 s, which MaxText does not expose;
     measured here: the surviving process aborted 75 s after its peer was SIGKILLed) before the
     job ends and can be resubmitted.
+
+    With hot spares, a job's environment is ``forked.QUIET_ENV`` (exported before the user's
+    ``setup``, which may set it otherwise): a spare imports its trainer while it waits and forks
+    its ranks from itself (``trainers/titan/spare.py``), which it may only do with one thread, and
+    submitit's job runner imports numpy, whose OpenBLAS pool would otherwise start a thread per
+    core at once (seen on the dev cluster: "not fork-safe (2 threads)", the ranks exec'd).
     """
     s = spec.slurm
     srun_args = list(s.srun_args)
@@ -176,7 +183,7 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,
         "srun_args": srun_args,
-        "setup": list(s.setup),
+        "setup": [f"export {k}={v}" for k, v in QUIET_ENV.items() if spec.spares] + list(s.setup),
         "stderr_to_stdout": True,
     }
     if s.gpus_per_node:

@@ -139,7 +139,7 @@ def warm_up(model: Optional[dict] = None) -> None:
     """The titan ``TrainerKind.warm_up``: what every rank imports before it parses its config, imported in the
     local fork server, so that a job forked from it forks its ranks warm (:mod:`.job`). On a CPU-only torch:
     the CPU patches, then torchtitan's train module, its torchft trainer, checkpoint and llama3 registry (5.6 s
-    measured on this machine, no thread started with the fork server's ``QUIET_ENV``). With an accelerator it
+    measured on this machine, no thread started under ``forked.QUIET_ENV``). With an accelerator it
     imports nothing: torchtitan asks CUDA for its devices at import, and a CUDA driver initialised before a
     fork is not fork-safe, so there the ranks exec as before. ``model`` (the spec's) is not needed."""
     os.environ.setdefault("PYTORCH_NVML_BASED_CUDA_CHECK", "1")  # then asking does not initialise CUDA
