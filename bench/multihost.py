@@ -18,7 +18,8 @@ on each of two nodes with a group of two ranks on one node: the same
 world size, once across the bridge and once inside a node. ``--spares 1``:
 a hot spare takes each killed group over (``titan/spare.py``: on Slurm it
 imports torchtitan while it waits and forks its ranks warm), with 2 CPUs a
-task so that the spare's tasks fit beside the groups'.
+task so that the spare's tasks fit beside the groups'; each kill waits for a
+ready spare (the one submitted after the last takeover needs ~15 s).
 Everything it starts it stops (each run by its controller, the cluster by PID).
 """
 
@@ -43,6 +44,13 @@ def _participating_t(run, replica: int, attempt: int):
         and e.get("participating")
     ]
     return min(ts) if ts else None
+
+
+def _spare_ready(run) -> bool:
+    """A spare said ``spare_ready`` and has not taken a group over yet (kill only then: a hot spare's figure)."""
+    ready = {e.get("spare") for e in run.events_read if e["kind"] == "phase" and e.get("phase") == "spare_ready"}
+    taken = {e.get("spare") for e in run.events_read if e["kind"] == "restart"}
+    return bool(ready - taken - {None})
 
 
 def _layout(text: str) -> tuple[int, int]:
@@ -88,6 +96,8 @@ def measure(
         for r in (0, 1):
             run.wait_for(lambda x, r=r: _participating_t(x, r, 0) is not None, timeout)
         for k in range(kills):
+            if spares:
+                run.wait_for(_spare_ready, timeout)
             before = {n: netns.link_bytes(n) for n in nodes} if mode == "netns" else {}
             fault = run.kill(0)
             run.wait_for(lambda x, a=k + 1: _participating_t(x, 0, a) is not None, timeout)
