@@ -55,7 +55,7 @@ from workbench import analysis
 from workbench.analysis.recovery import UNPLANNED
 from workbench.errors import SpecError
 from workbench.events.reader import EventReader
-from workbench.experiments.matrix_markdown import NOT_COUNTED, render
+from workbench.experiments.matrix_markdown import NOT_COUNTED, OUTCOMES, render
 from workbench.experiments.matrix_plan import Setup, plan, setups_from, setups_of
 from workbench.experiments.soak import unexplained_crashes
 from workbench.experiments.sweep import Sweep, attach_sweep, sweep
@@ -66,7 +66,6 @@ from workbench.state.run_status import run_state_of
 from workbench.trainers.registry import trainer_kind
 
 MATRIX_JSON = "matrix.json"
-OUTCOMES = ("recovered", "survivors_crashed", "unrecovered", "unaffected", "run_failed", "not_injected")
 PHASES = {
     "detect": "detected",
     "quorum_without": "quorum_without_victim",

@@ -24,8 +24,9 @@ PHASE_TITLES = {
     "healed_or_restored": "healed / restored",
     "first_step": "first step (participating)",
 }
+OUTCOMES = ("recovered", "survivors_crashed", "unrecovered", "unaffected", "run_failed", "not_injected")
+"""A trial's outcomes (``workbench.experiments.matrix`` says each), a column each in the per-cell table."""
 NOT_COUNTED = ("not_injected", "unaffected")  # outcomes a cell's recovery rate leaves out
-FINISHED = ("recovered", "survivors_crashed", "unrecovered", "unaffected", "run_failed")  # a trial that ran
 SHORT_WHY = (("cannot inject on", "backend"), ("no lighthouse", "no lighthouse"), ("no ", "no target process"))
 
 
@@ -53,8 +54,8 @@ def _rate(r) -> str:
 
 
 def _pending(r) -> int:
-    done = sum(int(getattr(r, o)) for o in FINISHED)
-    return int(r.trials) - done - int(r.not_injected)
+    """The trials of a cell with no outcome yet."""
+    return int(r.trials) - sum(int(getattr(r, o)) for o in OUTCOMES)
 
 
 def grid(table: pd.DataFrame) -> str:

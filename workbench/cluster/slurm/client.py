@@ -177,13 +177,14 @@ def executor_parameters(spec, elastic: bool) -> dict[str, Any]:
         and not any(a.startswith(("--kill-on-bad-exit", "-K")) for a in srun_args)
     ):
         srun_args.append("--kill-on-bad-exit=1")
+    quiet = [f"export {k}={v}" for k, v in QUIET_ENV.items()] if spec.spares else []
     params: dict[str, Any] = {
         "time": s.time_min,
         "nodes": s.nodes,
         "ntasks_per_node": s.tasks_per_node,
         "cpus_per_task": s.cpus_per_task,
         "srun_args": srun_args,
-        "setup": [f"export {k}={v}" for k, v in QUIET_ENV.items() if spec.spares] + list(s.setup),
+        "setup": quiet + list(s.setup),
         "stderr_to_stdout": True,
     }
     if s.gpus_per_node:
