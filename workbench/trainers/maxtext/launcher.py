@@ -18,7 +18,7 @@ the compile-cache hits and misses so far and the seconds of tracing, lowering an
 several CPU processes every process writes its compiles to the cache, not process 0 only
 (:func:`_cache_on_every_process`).
 
-The standby (``launcher.py --standby SOCKET KEEPER_PID``, started by :mod:`.standby`): a one-shot fork server. It
+The standby (``launcher.py --standby SOCKET KEEPER_PID READY``, started by :mod:`.standby`): a one-shot fork server. It
 listens on SOCKET (bound before the imports, so an attempt that comes early waits for it instead of starting cold),
 imports jax and MaxText's trainer *without initialising a JAX backend*, then takes one request: the attempt's argv
 and environment, and its console pipe (SCM_RIGHTS). It checks that it may fork (one thread, no backend, the
@@ -26,7 +26,12 @@ listener closed: JAX is not fork-safe once its backend exists; numpy's OpenBLAS 
 starts, and ``OPENBLAS_NUM_THREADS=1`` keeps it from starting), forks, answers the child's PID, waits, and answers its
 exit code. The child becomes the attempt's MaxText process as a cold launch would, with ``imports_done`` reported
 ``warm``. The wrapper's end is the connection's end: the standby then SIGKILLs the child (which dies with the
-standby in turn: PR_SET_PDEATHSIG). An unclaimed standby exits when KEEPER_PID (the run's controller) does.
+standby in turn: PR_SET_PDEATHSIG). An unclaimed standby exits when KEEPER_PID (the run's controller, or a spare
+job's wrapper: :mod:`.spare`) does. It says it has imported by creating the file READY.
+
+[2] Once it has forked, the standby ignores SIGTERM, SIGINT and SIGUSR2: inside a Slurm job (a spare's) every
+process of the step gets the signal that cancels or preempts it, and a standby that died of it would take its
+child along (PR_SET_PDEATHSIG) before MaxText's preemption save. The child sets its own (``become``).
 """
 
 import time
@@ -223,13 +228,16 @@ def _send(conn: socket.socket, obj: dict) -> None:
     conn.sendall(json.dumps(obj).encode() + b"\n")
 
 
-def standby(path: str, keeper: int) -> None:
+def standby(path: str, keeper: int, ready_file: str) -> None:
     """The one-shot fork server (see the module's docstring)."""
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    listener.bind(path)
+    folder = os.open(os.path.dirname(path), os.O_PATH)  # an address holds 107 bytes: standby.through_fd
+    listener.bind(f"/proc/self/fd/{folder}/{os.path.basename(path)}")
+    os.close(folder)
     listener.listen(1)
     keeper_fd = os.pidfd_open(keeper)
     imported_s = prepare()
+    open(ready_file, "w").close()
     while True:
         ready, _, _ = select.select([listener, keeper_fd], [], [])
         if keeper_fd in ready:
@@ -259,6 +267,8 @@ def standby(path: str, keeper: int) -> None:
     if pid == 0:
         _child(conn, fds[0], request["argv"], env, imported_s)
     os.close(fds[0])
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR2):  # what stops the job is MaxText's to take [2]
+        signal.signal(sig, signal.SIG_IGN)
     _send(conn, {"pid": pid})
     child_fd = os.pidfd_open(pid)
     ready, _, _ = select.select([conn, child_fd], [], [])
@@ -305,7 +315,7 @@ def _child(conn: socket.socket, console: int, argv: list[str], env: dict, import
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--standby"]:
-        standby(sys.argv[2], int(sys.argv[3]))
+        standby(sys.argv[2], int(sys.argv[3]), sys.argv[4])
     else:
         ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGKILL)  # before the imports: die with the wrapper
         signal.signal(signal.SIGUSR2, signal.SIG_IGN)

@@ -14,7 +14,8 @@ from the standby, which runs MaxText as a cold launch would; later the child's e
 end if the standby died. The wrapper's own end closes the connection, and the standby then kills the child.
 
 Only where a process may outlive its job: not inside a Slurm allocation (the job's processes end with it), and
-for a job of one process. A refused or missing standby is a cold start, as before.
+for a job of one process. A refused or missing standby is a cold start, as before. A spare job (:mod:`.spare`)
+starts a standby of its own on each of its nodes instead, inside the job.
 """
 
 from __future__ import annotations
@@ -30,11 +31,22 @@ from workbench.cluster.procs import start_time
 from workbench.events.reader import read_all
 
 CLAIM_TIMEOUT_S = 60.0  # a standby still importing answers once its imports are done (about 5 s)
-SUN_PATH_MAX = 107
 
 
 def socket_path(run_dir: str | os.PathLike, replica: int) -> Path:
     return Path(run_dir).resolve() / "maxtext" / f"standby.replica-{replica}.sock"
+
+
+def ready_path(path: Path) -> Path:
+    """The file the standby listening on ``path`` creates once its imports are done."""
+    return path.with_suffix(".ready")
+
+
+def through_fd(path: Path) -> tuple[str, int]:
+    """``path`` as ``/proc/self/fd/N/<name>``, N an ``O_PATH`` descriptor of its folder (the caller closes it):
+    a socket's address holds 107 bytes, fewer than a run directory's path may have (a pytest run root's)."""
+    folder = os.open(path.parent, os.O_PATH)
+    return f"/proc/self/fd/{folder}/{path.name}", folder
 
 
 def enabled(processes: int) -> bool:
@@ -54,9 +66,8 @@ def keeper(run_dir: str | os.PathLike) -> Optional[int]:
 
 
 def start(python: str, launcher: str, path: Path, env: dict[str, str], keeper_pid: int) -> Optional[int]:
-    """Start a standby (unless one is there); its PID, or None."""
-    if len(os.fsencode(path)) > SUN_PATH_MAX:
-        return None
+    """Start a standby listening on ``path`` (unless one is there); its PID, or None. Its ``.pid``, ``.log``
+    and ``.ready`` files are beside the socket."""
     pid_file = path.with_suffix(".pid")
     try:
         pid, started = pid_file.read_text().split()
@@ -65,10 +76,11 @@ def start(python: str, launcher: str, path: Path, env: dict[str, str], keeper_pi
     except (OSError, ValueError):
         pass
     path.unlink(missing_ok=True)  # a socket its standby left when it was killed
+    ready_path(path).unlink(missing_ok=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     log = open(path.with_suffix(".log"), "ab")
     proc = subprocess.Popen(
-        [python, launcher, "--standby", str(path), str(keeper_pid)],
+        [python, launcher, "--standby", str(path), str(keeper_pid), str(ready_path(path))],
         env={**env, "OPENBLAS_NUM_THREADS": "1"},
         stdin=subprocess.DEVNULL,
         stdout=log,
@@ -138,7 +150,11 @@ def claim(path: Path, argv: list[str], env: dict[str, str]) -> tuple[Optional[St
     None and why not (no standby, a stale socket, a refusal)."""
     conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        conn.connect(str(path))
+        address, folder = through_fd(path)
+        try:
+            conn.connect(address)
+        finally:
+            os.close(folder)
     except OSError as e:
         conn.close()
         if path.exists() and not isinstance(e, FileNotFoundError):
