@@ -27,7 +27,7 @@ BAD_OVERRIDES = [
     (["torchft.snapshot_every=5", "trainer=titan"], "torchft.snapshot_every"),
     (["heartbeat_s=0"], "heartbeat_s"),
     (["spares=-1"], "spares"),
-    (["spares=2", "trainer=maxtext"], "spares"),
+    (["spares=2", "trainer=ddp-restart"], "spares"),
     (["lighthouse.heartbeat_timeout_ms=0"], "lighthouse.heartbeat_timeout_ms"),
     (["lighthouse.port=70000"], "lighthouse.port"),
     (["lighthouse.quorum_tick_ms=1"], "lighthouse.quorum_tick_ms"),

@@ -5,7 +5,8 @@ One job of ``slurm.nodes: 2``: one wrapper and one MaxText process per node, Max
 node at its Slurm ``NodeAddr``, gloo between the processes. A node is lost mid-run, two ways:
 set DOWN (Slurm fails the job and signals its processes first), or every process of the second
 node's task SIGKILLed at once (nothing is told). Each time the controller resubmits the job and
-the new one resumes from the last checkpoint Orbax had committed.
+the new one resumes from the last checkpoint Orbax had committed. With a hot spare, a second job
+already waiting on two other nodes takes over instead.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ from workbench.cluster.slurm import backend as slurm
 from workbench.devcluster import netns
 from workbench.errors import SpecError
 from workbench.trainers.maxtext import command as maxtext_command
+from workbench.trainers.maxtext.output import marker_fact
 from workbench.trainers.placement import node_address
 
 from .conftest import committed_before, local_slurm, slurm_prerequisites, slurm_submitter
@@ -141,7 +143,7 @@ def test_two_node_job_loses_a_node_and_resumes_from_its_last_checkpoint(submit, 
     assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
     # Process 1 compiled from the persistent cache too: its own entries, written by attempt 0 (launcher.py).
     rank1 = (logs / "attempt-1.rank-1.log").read_text().splitlines()
-    compiled = [json.loads(line[10:]) for line in rank1 if line.startswith('WORKBENCH {"phase": "compiled"')]
+    compiled = [f for f in map(marker_fact, rank1) if f and f.get("phase") == "compiled"]
     assert compiled and compiled[0]["compile_cache_hits"] > 0, compiled
     first = phase(run, "first_step", 1)
     print(f"\nMaxText 2 processes: node_down -> first step {first['t'] - fault['t']:.1f} s")
@@ -175,6 +177,45 @@ def test_lost_task_ends_the_job_at_once_and_it_resumes_from_its_last_checkpoint(
     assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
     first = phase(run, "first_step", 1)
     print(f"\nMaxText 2 processes: task killed -> first step {first['t'] - killed_at:.1f} s")
+    assert run.stop(timeout=60)["state"] == "stopped"
+
+
+def test_a_hot_spare_job_takes_over_a_lost_node_with_its_imports_done(submit, cluster):
+    """``spares: 1``: a second job of two whole nodes waits with jax and MaxText imported on each
+    (``trainers/maxtext/spare.py``). When the job's node goes DOWN the spare becomes attempt 1 at once,
+    its processes forked from their standbys, and restores the last durable checkpoint."""
+    run = submit([*TWO_NODES, "spares=1"])
+    run.wait_for(lambda r: any(e["step"] >= 25 for e in of_attempt(r, "step", 0)), timeout=START_TIMEOUT_S)
+    run.wait_for(lambda r: any(e.get("phase") == "spare_ready" for e in r.events_read), timeout=START_TIMEOUT_S)
+    spare = [e for e in run.events_read if e.get("spare") == 0 and e.get("replica") is None]
+    spare_start = next(e for e in spare if e["kind"] == "start")
+    assert next(e for e in spare if e.get("phase") == "spare_ready")["warm"] is True
+    start0 = of_attempt(run, "start", 0)[0]
+    # Whole nodes: a node's fault must not end the spare with the job it replaces.
+    assert len(set(spare_start["nodes"])) == 2 and not set(spare_start["nodes"]) & set(start0["nodes"])
+
+    fault = run.fault("node_down", target=0, seconds=20)
+    restored = run.wait_for(lambda r: phase(r, "restored", 1), timeout=START_TIMEOUT_S) and phase(run, "restored", 1)
+    restart = next(e for e in run.events_read if e["kind"] == "restart" and e.get("attempt") == 1)
+    start1 = of_attempt(run, "start", 1)[0]
+    assert restart["spare"] == 0 and start1["from_spare"] == 0
+    assert start1["job_id"] == spare_start["job_id"] == restart["job_id"] != start0["job_id"]
+    assert start1["nodes"] == spare_start["nodes"] and fault["node"] not in start1["nodes"]
+    submits = [e for e in run.events_read if e["kind"] == "submit" and e.get("replica") == 0]
+    assert [e["attempt"] for e in submits] == [0]  # no job was submitted for attempt 1
+    assert phase(run, "launched", 1)["warm"] is True and phase(run, "imports_done", 1)["warm"] is True
+    rank1 = (Path(run.run_dir) / "maxtext" / "attempt-1.rank-1.log").read_text().splitlines()
+    imported = [f for f in map(marker_fact, rank1) if f and f.get("phase") == "imports_done"]
+    assert imported and imported[0]["warm"] is True, imported
+    ckpt_dir = maxtext_command.checkpoint_dir(run.run_dir, run.run_dir.name)
+    assert restored["from_step"] == max(committed_before(ckpt_dir, start1["t"])) + 1 >= 11
+    run.wait_for(
+        lambda r: any(e["step"] >= restored["from_step"] + 5 for e in of_attempt(r, "step", 1)), timeout=START_TIMEOUT_S
+    )
+    assert min(e["step"] for e in of_attempt(run, "step", 1)) == restored["from_step"] + 1
+    first = phase(run, "first_step", 1)
+    print(f"\nMaxText 2 processes with a hot spare: node_down -> first step {first['t'] - fault['t']:.1f} s")
+    run.wait_for(lambda r: any(e["kind"] == "fault" and e.get("resumed") == "node_down" for e in r.events_read), 60)
     assert run.stop(timeout=60)["state"] == "stopped"
 
 

@@ -32,16 +32,16 @@ def test_every_trainer_names_a_module_with_run():
 
 @pytest.mark.parametrize("name", trainer_names())
 def test_a_spec_with_spares_is_refused_for_a_trainer_without_them(name):
-    """Hot spares exist for torchft-lite and titan only; any other trainer's spec asking for one is refused
-    with the trainers that have them named (the table's answer, as a user meets it)."""
+    """Hot spares exist for torchft-lite, titan and maxtext only; any other trainer's spec asking for one is
+    refused with the trainers that have them named (the table's answer, as a user meets it)."""
     from workbench.errors import SpecError
     from workbench.spec.load import load_spec
 
-    if name in ("torchft-lite", "titan"):
+    if name in ("torchft-lite", "titan", "maxtext"):
         assert load_spec("demo", {"trainer": name, "spares": 1}).spares == 1
     else:
         with pytest.raises(
-            SpecError, match=r"spares \(1\): hot spares are implemented for trainer torchft-lite, titan only"
+            SpecError, match=r"spares \(1\): hot spares are implemented for trainer torchft-lite, titan, maxtext only"
         ):
             load_spec("demo", {"trainer": name, "spares": 1})
 

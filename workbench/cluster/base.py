@@ -91,8 +91,9 @@ class Cluster(abc.ABC):
         pin what it resolved (which cluster) into ``spec``, which is then recorded.
         """
 
-    def submit(self, fn: Callable[..., Any], *args: Any, name: str) -> submitit.Job:
-        """Start ``fn(*args)`` as one job; ``name`` labels it where the backend shows names."""
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str, whole_nodes: bool = False) -> submitit.Job:
+        """Start ``fn(*args)`` as one job; ``name`` labels it where the backend shows names. ``whole_nodes``:
+        the job shares no node with another (a backend of nodes honours it; on one machine it means nothing)."""
         return self.executor.submit(fn, *args)
 
     def is_done(self, job: submitit.Job) -> bool:

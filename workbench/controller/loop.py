@@ -112,7 +112,7 @@ class Controller:
                 self.lighthouse.start()
             for slot in self.slots.values():
                 self._launch(slot)
-            for _ in range(self.spec.spares if self.elastic else 0):
+            for _ in range(self.spec.spares):
                 self._launch_spare()
             state, reason = self._loop()
         except Exception as e:
@@ -213,9 +213,14 @@ class Controller:
         self.writer.emit("submit", replica=slot.replica, attempt=slot.attempt, job_id=str(slot.job.job_id))
 
     def _launch_spare(self) -> None:
+        """A checkpoint-restart trainer's spare is the run's next job: it takes whole nodes (``--exclusive`` on
+        Slurm), or a node's fault would end it with the job it is to replace (seen on the dev cluster, whose
+        nodes have 4 CPUs: MaxText's spare shared both of the job's nodes and was cancelled with it)."""
         spare_id = self.spares.new_id()
         ctx = self._context(-1, -1, spare_id=spare_id)
-        job = self.cluster.submit(job_entrypoint, ctx, name=f"{self.spec.name}-spare{spare_id}")
+        job = self.cluster.submit(
+            job_entrypoint, ctx, name=f"{self.spec.name}-spare{spare_id}", whole_nodes=not self.elastic
+        )
         self.spares.add(spare_id, job)
         self.writer.emit("submit", spare=spare_id, job_id=str(job.job_id))
 

@@ -1,7 +1,8 @@
 """Hot spares: jobs that import, build the model and wait to be given a replica group.
 
-The controller submits ``spec.spares`` of them at the start (elastic trainers
-only); each says ``phase phase=spare_ready`` once it waits. When a group's job
+The controller submits ``spec.spares`` of them at the start (for the trainers
+whose table entry ``supports_spares``: torchft-lite, titan, and MaxText, whose
+spare is a whole job); each says ``phase phase=spare_ready`` once it waits. When a group's job
 ends and the relaunch policy restarts it with no delay, a ready spare takes over
 at once as the group's next attempt, instead of a new job that would import and
 build for seconds first: the controller writes ``spares/<id>.json``

@@ -164,6 +164,7 @@ KINDS: tuple[TrainerKind, ...] = (
         writer_per_replica=False,
         checkpoint_period="maxtext.checkpoint_period",
         check_processes="workbench.trainers.maxtext.command:check_spec",
+        supports_spares=True,
     ),
     TrainerKind(
         "ddp-restart",

@@ -132,8 +132,8 @@ class SlurmCluster(Cluster):
         """The cluster's ``KillWait`` (``scontrol show config``); None where no controller answers."""
         return kill_wait_s(resolve_conf(spec))
 
-    def submit(self, fn: Callable[..., Any], *args: Any, name: str) -> submitit.Job:
-        self.executor.update_parameters(job_name=name)
+    def submit(self, fn: Callable[..., Any], *args: Any, name: str, whole_nodes: bool = False) -> submitit.Job:
+        self.executor.update_parameters(job_name=name, exclusive=True if whole_nodes else None)
         job = self.executor.submit(fn, *args)
         self._states[str(job.job_id)] = "PENDING"
         return job

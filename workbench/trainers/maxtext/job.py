@@ -38,7 +38,9 @@ and ``first_step``. Measured (one process, this machine's two cores, kill -> fir
 new interpreter's imports were 4.7 s of it, the train step's compile 0.9-2 s (one persistent-cache miss
 per restart: JAX caches only compiles over 1 s unless told otherwise, :func:`.command.build_command`),
 Orbax's restore 0.07 s. So once an attempt has taken its first step, the wrapper leaves a standby for the
-next attempt (:mod:`.standby`); where one is waiting, MaxText is forked from it, its imports done.
+next attempt (:mod:`.standby`); where one is waiting, MaxText is forked from it, its imports done. On
+Slurm, where a job's processes end with it, a hot spare job (``spares: N``, :mod:`.spare`) has a standby on
+each of its nodes, and takes over at once when the job ends.
 
 Restart and preemption
 ----------------------
@@ -84,6 +86,7 @@ from workbench.events.tracebacks import last_traceback, one_line
 from workbench.trainers.base import JobContext
 from workbench.trainers.exits import error_exit, mark_told, process_end
 from workbench.trainers.kit import on_stop_signals
+from workbench.trainers.maxtext import spare as maxtext_spare
 from workbench.trainers.maxtext import standby
 from workbench.trainers.maxtext.command import build_command, checkpoint_dir, console_log, job_layout, metrics_file
 from workbench.trainers.maxtext.output import (
@@ -154,14 +157,22 @@ def run(ctx: JobContext) -> None:
     layout = job_layout()
     writer = ctx.writer() if layout.rank == 0 else _Silent()
     try:
-        _run(ctx, layout, writer)
+        spare_id, standby_path = ctx.spare_id, None
+        if spare_id is not None:
+            standby_path = maxtext_spare.wait_as_spare(ctx, layout, writer)
+            writer.close()
+            if standby_path is None:
+                return
+            writer = ctx.writer() if layout.rank == 0 else _Silent()
+        _run(ctx, layout, writer, spare_id, standby_path)
     except Exception as e:
         error_exit(writer, e, step=None)
         writer.close()
         raise
 
 
-def _run(ctx: JobContext, layout, writer) -> None:
+def _run(ctx: JobContext, layout, writer, spare_id: Optional[int], standby_path) -> None:
+    """``spare_id``: the spare this attempt was (``standby_path`` its standby's socket), else None."""
     t0 = time.time()
     steps = int(ctx.spec["steps"])
     heartbeat_s = float(ctx.spec.get("heartbeat_s", 1.0))
@@ -183,6 +194,7 @@ def _run(ctx: JobContext, layout, writer) -> None:
         coordinator=env.get("JAX_COORDINATOR_BIND_ADDRESS"),
         nodes=list(layout.nodes),
         **placement(),
+        **({"from_spare": spare_id} if spare_id is not None else {}),
     )
     for name in leftover_tmp_checkpoints(ckpt_dir):
         writer.emit("warning", message=f"half-written checkpoint {name} left by an earlier attempt; not restored")
@@ -197,8 +209,9 @@ def _run(ctx: JobContext, layout, writer) -> None:
 
     metrics_file(ctx).parent.mkdir(parents=True, exist_ok=True)
     warm = standby.enabled(layout.processes)
-    standby_path = standby.socket_path(ctx.run_dir, ctx.replica)
-    child, why_cold = standby.claim(standby_path, argv[2:], env) if warm else (None, None)
+    next_standby = standby.socket_path(ctx.run_dir, ctx.replica)
+    standby_path = standby_path or (next_standby if warm else None)
+    child, why_cold = standby.claim(standby_path, argv[2:], env) if standby_path else (None, None)
     if child is None:
         child = subprocess.Popen(
             argv,
@@ -247,7 +260,7 @@ def _run(ctx: JobContext, layout, writer) -> None:
                 )
                 keeper = standby.keeper(ctx.run_dir) if warm else None
                 if keeper is not None:  # for the next attempt, now that this one's restart is over
-                    standby.start(argv[0], argv[1], standby_path, env, keeper)
+                    standby.start(argv[0], argv[1], next_standby, env, keeper)
         for maxtext_step, path in sorted(durable_checkpoints(ckpt_dir).items()):
             if maxtext_step in seen:
                 continue
