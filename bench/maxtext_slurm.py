@@ -1,4 +1,4 @@
-"""``python -m bench.maxtext_slurm [--reps 3] [--processes 1,2] [--out FILE]``: MaxText restart -> first step on Slurm.
+"""``python -m bench.maxtext_slurm [--reps 3] [--processes 1,2] [--spares 0,1] [--out FILE]``: MaxText restart -> first step on Slurm.
 
 For each repetition, one ``maxtext-cpu-tiny`` run of one process (``slurm.nodes=1``) and one of
 two (``slurm.nodes=2``, one JAX program: ``jax.distributed``, gloo), in alternating order. Each
@@ -11,7 +11,9 @@ interpreter up, imports done, JAX backend ready, restored, compiled (with its co
 misses; process 1's from its console log), first step). One JSON line per run (with ``/proc/loadavg``
 beside it) is appended to ``--out``; per process count the median, p95 and n of fault -> first step
 and the median of each phase at the end.
-``--processes 2`` runs only the two-process job.
+``--processes 2`` runs only the two-process job. ``--spares 0,1`` runs each job without and with a hot
+spare (``spares: 1``, ``trainers/maxtext/spare.py``: a second job of as many nodes, its processes' imports
+done), alternating; with one, the fault waits until the spare is ready (``spare_ready``).
 
 Brings up its own dev cluster (``workbench.devcluster``) in a temporary directory and takes it down.
 """
@@ -54,13 +56,26 @@ def _rank_compiled(run, rank: int, t0: float) -> dict | None:
     return None
 
 
-def one(nodes: int, run_root: Path) -> dict:
+def _spare_ready(run) -> bool:
+    return any(e["kind"] == "phase" and e.get("phase") == "spare_ready" for e in run.events_read)
+
+
+def one(nodes: int, run_root: Path, spares: int = 0) -> dict:
     run = wb.submit(
         "maxtext-cpu-tiny",
-        ["cluster=slurm", f"slurm.nodes={nodes}", "steps=100000", "max_restarts=2", f"run_root={run_root}"],
+        [
+            "cluster=slurm",
+            f"slurm.nodes={nodes}",
+            "steps=100000",
+            "max_restarts=2",
+            f"spares={spares}",
+            f"run_root={run_root}",
+        ],
     )
     try:
         run.wait_for(lambda r: any(e["step"] >= FIRST_FAULT_STEP for e in _of(r, "step", 0)), timeout=300)
+        if spares:
+            run.wait_for(_spare_ready, timeout=300)
         load = Path("/proc/loadavg").read_text().split()[:3]
         fault = run.fault("node_down", target=0, seconds=15)
         run.wait_for(lambda r: _phase(r, "first_step", 1), timeout=300)
@@ -72,6 +87,8 @@ def one(nodes: int, run_root: Path) -> dict:
         compiled = _phase(run, "compiled", 1) or {}
         row = {
             "processes": nodes,
+            "spares": spares,
+            "from_spare": start.get("from_spare"),
             "load": " ".join(load),
             "fault_to_start_s": start["t"] - fault["t"],
             "fault_to_restored_s": _phase(run, "restored", 1)["t"] - fault["t"],
@@ -99,9 +116,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--first", type=int, choices=(1, 2), default=1, help="process count of the first run")
     ap.add_argument("--processes", default="1,2", help="which jobs: 1, 2 or 1,2 (processes, one per node)")
+    ap.add_argument("--spares", default="0", help="0, 1 or 0,1: without and/or with a hot spare")
     ap.add_argument("--out", default="maxtext-slurm-restart.jsonl")
     args = ap.parse_args(argv)
     counts = [int(n) for n in args.processes.split(",")]
+    spare_counts = [int(n) for n in args.spares.split(",")]
     out = Path(args.out)
     with tempfile.TemporaryDirectory(prefix="wb-bench-maxtext-") as tmp:
         state = Path(tmp) / "slurm"
@@ -111,19 +130,20 @@ def main(argv: list[str] | None = None) -> int:
             order = [n for n in (args.first, 3 - args.first) if n in counts]
             for rep in range(args.reps):
                 for nodes in order if rep % 2 == 0 else order[::-1]:
-                    row = one(nodes, Path(tmp) / "runs")
-                    print(json.dumps(row), flush=True)
-                    with open(out, "a") as f:
-                        f.write(json.dumps(row) + "\n")
+                    for spares in spare_counts if rep % 2 == 0 else spare_counts[::-1]:
+                        row = one(nodes, Path(tmp) / "runs", spares)
+                        print(json.dumps(row), flush=True)
+                        with open(out, "a") as f:
+                            f.write(json.dumps(row) + "\n")
         finally:
             devcluster.down(state)
     rows = [json.loads(line) for line in out.read_text().splitlines()]
-    for n in (1, 2):
-        mine = [r for r in rows if r["processes"] == n]
+    for n, spares in [(n, s) for n in (1, 2) for s in (0, 1)]:
+        mine = [r for r in rows if r["processes"] == n and r.get("spares", 0) == spares]
         times = [r["fault_to_first_step_s"] for r in mine]
         if times:
             print(
-                f"{n} process(es): node_down -> first step median {statistics.median(times):.1f} s, p95 "
+                f"{n} process(es), spares {spares}: node_down -> first step median {statistics.median(times):.1f} s, p95 "
                 f"{numpy.percentile(times, 95):.1f} s over {len(times)} ({', '.join(f'{x:.1f}' for x in times)}); "
                 f"loads {[r['load'] for r in mine]}"
             )
