@@ -81,7 +81,7 @@ class Kind(StrEnum):
         optional("checkpoint_address", "`model_ready`, `manager_ready`: where it serves heals from"),
         optional("from_spare", "`imports_done` of a spare that became this attempt"),
         optional("maxtext_pid", "`launched`: MaxText's process"),
-        optional("warm", "forked warm: a TorchTitan rank, MaxText from a standby; `spare_ready`: torchtitan imported"),
+        optional("warm", "forked warm: a TorchTitan rank, MaxText from a standby; `spare_ready`: imports done"),
         optional("standby", "`launched`: why MaxText started cold although standbys are on"),
         optional("from_step", "`restored`: the step it restored (0: nothing to restore)"),
         optional("path", "`restored` (ddp-restart, titan-restart): the checkpoint read"),
