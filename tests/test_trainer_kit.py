@@ -114,10 +114,12 @@ def test_a_stop_signal_sent_while_a_child_starts_reaches_its_handler():
     assert (child.returncode, out.strip()) == (0, "preempted")
 
 
-def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first():
-    """Three ranks, a barrier at each step's end (torchft's should_commit), a real TCPStore: ranks 1
-    and 2 get the signal at step 2, rank 0 only at step 5 and after the others have passed that
-    boundary. Every rank stops at the same boundary (none is left waiting in the barrier)."""
+@pytest.mark.parametrize("signalled", [(1, 2), (1,)], ids=["ranks 1 and 2", "rank 1 alone"])
+def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first(signalled):
+    """Three ranks, a barrier at each step's end (torchft's should_commit), a real TCPStore: ranks
+    ``signalled`` get the signal at step 2, rank 0 only at step 5 (or never) and after the others have
+    passed that boundary. Every rank stops at the same boundary (none is left waiting in the barrier),
+    the one after rank 0 saw the ask: 3 or 4, never 6."""
     import threading
     from concurrent.futures import ThreadPoolExecutor
 
@@ -129,7 +131,6 @@ def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first(
     world = 3
     requests = [StopRequest() for _ in range(world)]
     step_end = threading.Barrier(world)
-    passed_5 = [threading.Event() for _ in range(world)]
 
     def rank(r: int):
         group = GroupStop(
@@ -139,15 +140,11 @@ def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first(
             store=lambda: dist.TCPStore("127.0.0.1", master.port, is_master=False, wait_for_workers=False),
         )
         for boundary in range(50):
-            if r == 0 and boundary == 5:
-                for e in passed_5[1:]:
-                    assert e.wait(timeout=30)
+            if r == 0 and boundary == 5 and len(signalled) == 2:
                 requests[0].reason = "preempted"
-            if r != 0 and boundary == 2:
+            if r in signalled and boundary == 2:
                 requests[r].reason = "preempted"
             stop = group.at_boundary()
-            if boundary == 5:
-                passed_5[r].set()
             if stop:
                 return boundary, group.reason
             step_end.wait(timeout=30)
@@ -159,7 +156,7 @@ def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first(
     finally:
         for request in reversed(requests):
             request.restore()
-    assert stopped == [(6, "preempted")] * world
+    assert len(set(stopped)) == 1 and stopped[0] in [(3, "preempted"), (4, "preempted")], stopped
 
     alone = StopRequest()
     try:
