@@ -84,7 +84,8 @@ bench-classroom: $(STAMP)
 	$(PY) -m bench.classroom $(CLASSROOM_BENCH)
 
 # Benchmarks (not part of `make test`): writes docs/benchmarks.md. `make bench BENCH_ARGS=--quick` for a smoke run.
-bench: $(STAMP)
+# MaxText, the dev Slurm cluster and chromium are measured too: their installs come first, as for `make test`.
+bench: check-test $(STAMP) maxtext-env slurm-pkgs browser-env
 	$(PY) -m pip install -q --disable-pip-version-check -e ".[bench]"
 	$(PY) -m bench $(BENCH_ARGS)
 

@@ -15,7 +15,9 @@ gets over a fault (``syncfaults``: :mod:`bench.syncfaults`), and the straggler s
 replacement's phases (``titan_recovery``: :mod:`bench.titan_recovery`), and MaxText's restart → first step with
 its phases, standby against cold (``maxtext_restart``: :mod:`bench.maxtext_restart`), and TorchTitan elastic
 against TorchTitan's own checkpoint-restart under one recorded kill trace (``titan_restart``:
-:mod:`bench.titan_restart`), each its own section.
+:mod:`bench.titan_restart`), and on the dev Slurm cluster TorchTitan's kill → participating (2 nodes × 1 rank)
+and MaxText's restart → first step (2 processes), each without and with a hot spare (``slurm``: :mod:`bench.slurm`,
+which brings its own dev clusters up and takes them down), each its own section.
 The survivor stall under chaos and the live groups evicted meanwhile (``stall``: :mod:`bench.stall`,
 ``--set stall_minutes=N``) is its own section too.
 ``--only`` runs a subset and replaces only those sections of ``--out``. A run
@@ -28,6 +30,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import sys
 import tempfile
 import time
@@ -45,6 +48,7 @@ from . import (
     recovery,
     report,
     sessions,
+    slurm,
     stall,
     stepcost,
     straggler,
@@ -110,6 +114,7 @@ SECTIONS = (
     "titan_recovery",
     "maxtext_restart",
     "titan_restart",
+    "slurm",
 )
 
 
@@ -177,6 +182,7 @@ def main(argv: list[str] | None = None) -> int:
     titan = None
     mt_restart = None
     titan_rs = None
+    slurm_m = None
     with tempfile.TemporaryDirectory(prefix="wb-bench-runs-") as tmp:
         root = Path(args.run_root or tmp)
         ddp = ddp_restart(cfg["checkpoint_every_s"])
@@ -238,6 +244,14 @@ def main(argv: list[str] | None = None) -> int:
             titan_rs = _section(
                 crashed, "titan_restart", titan_restart.measure, root, **titan_restart.settings(args.quick)
             )
+        if "slurm" in only:
+            print(
+                "[slurm] dev Slurm cluster: TorchTitan 2x1 kill -> participating, "
+                "MaxText 2 processes restart -> first step"
+            )
+            slurm_m = _section(crashed, "slurm", slurm.measure, 1 if args.quick else 5, root)
+            if slurm_m is not None:
+                crashed += [{"variant": f"section slurm ({k})", "error": v} for k, v in slurm_m["errors"].items()]
         if "stall" in only:
             print(f"[survivor stall] the demo under chaos for {cfg['stall_minutes']:g} min, a second demo beside it")
             stall_m = _section(crashed, "stall", stall.measure, cfg["stall_minutes"], root)
@@ -294,12 +308,15 @@ def main(argv: list[str] | None = None) -> int:
         results["live_plot"] = lp
     if titan is not None:
         results["titan_recovery"] = titan
+    if slurm_m is not None:
+        results["slurm"] = slurm_m
     results["machine"]["loadavg_at_end"] = machine.loadavg()
     results["machine"]["bench_wall_s"] = time.time() - t_start
     if args.only:
         report.write_sections(results, out, img)
         name = "benchmarks-" + "-".join(sorted(only)) + ".json"
     else:
+        before = out.read_text() if out.exists() else ""
         report.write(results, out, img)
         name = "benchmarks.json"
     if fork is not None:
@@ -316,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
         _write_marked(out, "maxtext_restart", maxtext_restart.render(mt_restart))
     if titan_rs is not None:
         _write_marked(out, "titan_restart", titan_restart.render(titan_rs))
+    if slurm_m is not None:
+        _write_marked(out, "slurm", slurm.render(slurm_m))
     if lp is not None:
         _write_marked(
             out,
@@ -329,6 +348,8 @@ def main(argv: list[str] | None = None) -> int:
     if alg is not None:
         alg["settings"] = {k: v for k, v in alg_cfg.items() if k != "timeout_s"}
         algorithms.write_section(out, algorithms.markdown(alg, alg_info))
+    if not args.only:
+        _keep_unwritten_sections(out, before)
     (img / name).write_text(json.dumps(report.jsonable(results), indent=1, default=str))
     for e in results["errors"]:
         print(f"ERROR in {e['variant']}: {e['error']}")
@@ -340,6 +361,18 @@ def _write_marked(out: Path, name: str, lines: list[str]) -> None:
     """A bench's own section of the report, between markers, replaced in place by the next run."""
     begin, end = f"<!-- bench.{name}: begin -->", f"<!-- bench.{name}: end -->"
     algorithms.write_section(out, "\n".join([begin, *lines, end]) + "\n", begin, end)
+
+
+def _keep_unwritten_sections(out: Path, before: str) -> None:
+    """Put back the marked sections of the old report that this run did not write: a full run rebuilds the
+    report from scratch, and figures measured by hand (``bench.slurm_recovery``, ``bench.stall_sweep``) would
+    be lost with it."""
+    now = out.read_text()
+    for block in re.finditer(r"<!-- bench\.(\w+): begin -->.*?<!-- bench\.\1: end -->\n?", before, re.S):
+        begin, end = f"<!-- bench.{block[1]}: begin -->", f"<!-- bench.{block[1]}: end -->"
+        if begin not in now:
+            algorithms.write_section(out, block[0].rstrip("\n") + "\n", begin, end)
+            now = out.read_text()
 
 
 def _section(crashed: list, name: str, fn, *args, **kwargs):

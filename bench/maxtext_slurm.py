@@ -16,6 +16,7 @@ spare (``spares: 1``, ``trainers/maxtext/spare.py``: a second job of as many nod
 done), alternating; with one, the fault waits until the spare is ready (``spare_ready``).
 
 Brings up its own dev cluster (``workbench.devcluster``) in a temporary directory and takes it down.
+``measure`` returns the rows and ``summarize`` the figures (``python -m bench --only slurm`` calls both).
 """
 
 from __future__ import annotations
@@ -27,13 +28,13 @@ import statistics
 import tempfile
 from pathlib import Path
 
-import numpy
-
 import workbench as wb
 from workbench import analysis, devcluster
 from workbench.analysis.phases import replacement_phases
 from workbench.analysis.recovery import ends_process
 from workbench.trainers.maxtext.output import marker_fact
+
+from .recovery import median_p95
 
 FIRST_FAULT_STEP = 25
 
@@ -111,6 +112,61 @@ def one(nodes: int, run_root: Path, spares: int = 0) -> dict:
         run.stop(timeout=60)
 
 
+def measure(
+    reps: int, processes=(1, 2), spares=(0,), first: int = 1, on_row=None, run_root: Path | None = None
+) -> list[dict]:
+    """Bring the dev cluster up in a temporary directory, ``one`` run per repetition, process count and spare
+    count (the orders alternating from one repetition to the next), take the cluster down; the rows, each also
+    given to ``on_row`` as it comes. The runs go under ``run_root`` (default: the temporary directory)."""
+    rows: list[dict] = []
+    old_conf = os.environ.get("SLURM_CONF")
+    with tempfile.TemporaryDirectory(prefix="wb-bench-maxtext-") as tmp:
+        state = Path(tmp) / "slurm"
+        info = devcluster.up(state)
+        os.environ["SLURM_CONF"] = info["env"]["SLURM_CONF"]
+        try:
+            order = [n for n in (first, 3 - first) if n in processes]
+            spare_counts = list(spares)
+            for rep in range(reps):
+                for nodes in order if rep % 2 == 0 else order[::-1]:
+                    for n_spares in spare_counts if rep % 2 == 0 else spare_counts[::-1]:
+                        row = one(nodes, run_root or Path(tmp) / "runs", n_spares)
+                        print(json.dumps(row), flush=True)
+                        rows.append(row)
+                        if on_row is not None:
+                            on_row(row)
+        finally:
+            devcluster.down(state)
+            if old_conf is None:
+                os.environ.pop("SLURM_CONF", None)
+            else:
+                os.environ["SLURM_CONF"] = old_conf
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    """Per process count and spare count present in ``rows``: n, median and p95 of fault -> first step, each,
+    the loads, and each phase's median (s after the fault, in the order they came)."""
+    out = []
+    for n, spares in [(n, s) for n in (1, 2) for s in (0, 1)]:
+        mine = [r for r in rows if r["processes"] == n and r.get("spares", 0) == spares]
+        if not mine:
+            continue
+        names = list(dict.fromkeys(k for r in mine for k in r.get("phases", {})))
+        medians = {k: statistics.median(r["phases"][k] for r in mine if k in r.get("phases", {})) for k in names}
+        out.append(
+            {
+                "processes": n,
+                "spares": spares,
+                **median_p95(r["fault_to_first_step_s"] for r in mine),
+                "each_s": [r["fault_to_first_step_s"] for r in mine],
+                "loads": [r["load"] for r in mine],
+                "phase_medians_s": dict(sorted(medians.items(), key=lambda kv: kv[1])),
+            }
+        )
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.maxtext_slurm", description=__doc__.splitlines()[0])
     ap.add_argument("--reps", type=int, default=3)
@@ -119,38 +175,28 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--spares", default="0", help="0, 1 or 0,1: without and/or with a hot spare")
     ap.add_argument("--out", default="maxtext-slurm-restart.jsonl")
     args = ap.parse_args(argv)
-    counts = [int(n) for n in args.processes.split(",")]
-    spare_counts = [int(n) for n in args.spares.split(",")]
     out = Path(args.out)
-    with tempfile.TemporaryDirectory(prefix="wb-bench-maxtext-") as tmp:
-        state = Path(tmp) / "slurm"
-        info = devcluster.up(state)
-        os.environ["SLURM_CONF"] = info["env"]["SLURM_CONF"]
-        try:
-            order = [n for n in (args.first, 3 - args.first) if n in counts]
-            for rep in range(args.reps):
-                for nodes in order if rep % 2 == 0 else order[::-1]:
-                    for spares in spare_counts if rep % 2 == 0 else spare_counts[::-1]:
-                        row = one(nodes, Path(tmp) / "runs", spares)
-                        print(json.dumps(row), flush=True)
-                        with open(out, "a") as f:
-                            f.write(json.dumps(row) + "\n")
-        finally:
-            devcluster.down(state)
-    rows = [json.loads(line) for line in out.read_text().splitlines()]
-    for n, spares in [(n, s) for n in (1, 2) for s in (0, 1)]:
-        mine = [r for r in rows if r["processes"] == n and r.get("spares", 0) == spares]
-        times = [r["fault_to_first_step_s"] for r in mine]
-        if times:
-            print(
-                f"{n} process(es), spares {spares}: node_down -> first step median {statistics.median(times):.1f} s, p95 "
-                f"{numpy.percentile(times, 95):.1f} s over {len(times)} ({', '.join(f'{x:.1f}' for x in times)}); "
-                f"loads {[r['load'] for r in mine]}"
-            )
-            names = list(dict.fromkeys(k for r in mine for k in r.get("phases", {})))
-            medians = {k: statistics.median(r["phases"][k] for r in mine if k in r.get("phases", {})) for k in names}
-            ordered = sorted(medians.items(), key=lambda kv: kv[1])
-            print("  phase medians (s after the fault): " + ", ".join(f"{k} {v:.2f}" for k, v in ordered))
+
+    def _append(row: dict) -> None:
+        with open(out, "a") as f:
+            f.write(json.dumps(row) + "\n")
+
+    measure(
+        args.reps,
+        [int(n) for n in args.processes.split(",")],
+        [int(n) for n in args.spares.split(",")],
+        args.first,
+        on_row=_append,
+    )
+    for s in summarize([json.loads(line) for line in out.read_text().splitlines()]):
+        print(
+            f"{s['processes']} process(es), spares {s['spares']}: node_down -> first step "
+            f"median {s['median_s']:.1f} s, "
+            f"p95 {s['p95_s']:.1f} s over {s['n']} ({', '.join(f'{x:.1f}' for x in s['each_s'])}); loads {s['loads']}"
+        )
+        print(
+            "  phase medians (s after the fault): " + ", ".join(f"{k} {v:.2f}" for k, v in s["phase_medians_s"].items())
+        )
     return 0
 
 

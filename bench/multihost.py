@@ -20,7 +20,8 @@ a hot spare takes each killed group over (``titan/spare.py``: on Slurm it
 imports torchtitan while it waits and forks its ranks warm), with 2 CPUs a
 task so that the spare's tasks fit beside the groups'; each kill waits for a
 ready spare (the one submitted after the last takeover needs ~15 s).
-Everything it starts it stops (each run by its controller, the cluster by PID).
+Everything it starts it stops (each run by its controller, the cluster by PID). ``on_devcluster`` does all
+this and returns the rows and the summaries (``python -m bench --only slurm`` calls it too).
 """
 
 from __future__ import annotations
@@ -135,6 +136,64 @@ def measure(
     return rows
 
 
+def on_devcluster(
+    layouts: list[str], kills: int, timeout: float = 300.0, spares: int = 0, run_root: Path | None = None
+) -> dict:
+    """Bring the dev cluster up in a temporary directory, ``measure`` each layout (``"NxP"``), take it down.
+
+    Returns ``{"network": mode, "layouts": [one summary a layout], "rows": [every kill's row]}``; the runs go
+    under ``run_root`` (default: ``runs`` beside the cluster's state). SLURM_CONF and SIGTERM's handler are
+    restored at the end.
+    """
+    import signal
+
+    import workbench as wb
+    from workbench import devcluster
+    from workbench.devcluster import netns
+
+    from .recovery import median_p95
+
+    def _exit(signum, frame):  # a timeout's SIGTERM: still stop the run and bring the cluster down
+        raise SystemExit(128 + signum)
+
+    old_handler, old_conf = signal.signal(signal.SIGTERM, _exit), os.environ.get("SLURM_CONF")
+    tmp = Path(tempfile.mkdtemp(prefix="wb-multihost-"))
+    summary: list[dict] = []
+    every: list[dict] = []
+    try:
+        info = devcluster.up(tmp / "slurm")
+        os.environ["SLURM_CONF"] = info["env"]["SLURM_CONF"]
+        nodes, mode = info["network"]["nodes"], info["network"]["mode"]
+        try:
+            for text in layouts:
+                rows = measure(wb, netns, nodes, mode, run_root or tmp / "runs", _layout(text), kills, timeout, spares)
+                every += rows
+                times = median_p95(r["kill_to_participating_s"] for r in rows)
+                summary.append(
+                    {
+                        "layout": text + (f"+{spares} spare" if spares else ""),
+                        "n": times["n"],
+                        "median_kill_to_participating_s": times["median_s"],
+                        "p95_kill_to_participating_s": times["p95_s"],
+                        "each_s": [round(r["kill_to_participating_s"], 2) for r in rows],
+                        "phase_medians_s": rows[0]["phase_medians"] if rows else None,
+                        "load_1m_at_kills": [round(r["load_1m"], 2) for r in rows],
+                        "median_heal_bytes": statistics.median(r["heal_bytes"] or 0 for r in rows) if rows else None,
+                        "load_1m": os.getloadavg()[0],
+                    }
+                )
+                print(json.dumps(summary[-1]), flush=True)
+        finally:
+            devcluster.down(tmp / "slurm")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL if old_handler is None else old_handler)
+        if old_conf is None:
+            os.environ.pop("SLURM_CONF", None)
+        else:
+            os.environ["SLURM_CONF"] = old_conf
+    return {"network": mode, "layouts": summary, "rows": every}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m bench.multihost")
     ap.add_argument("--layouts", default="2x1,1x2", help="NxP,...: N nodes a group, P ranks a node")
@@ -142,45 +201,8 @@ def main(argv=None) -> int:
     ap.add_argument("--timeout", type=float, default=300.0)
     ap.add_argument("--spares", type=int, default=0, help="hot spares (titan/spare.py; 2 CPUs a task then)")
     args = ap.parse_args(argv)
-
-    import signal
-
-    import numpy
-
-    import workbench as wb
-    from workbench import devcluster
-    from workbench.devcluster import netns
-
-    def _exit(signum, frame):  # a timeout's SIGTERM: still stop the run and bring the cluster down
-        raise SystemExit(128 + signum)
-
-    signal.signal(signal.SIGTERM, _exit)
-    tmp = Path(tempfile.mkdtemp(prefix="wb-multihost-"))
-    info = devcluster.up(tmp / "slurm")
-    os.environ["SLURM_CONF"] = info["env"]["SLURM_CONF"]
-    nodes, mode = info["network"]["nodes"], info["network"]["mode"]
-    summary = []
-    try:
-        for text in args.layouts.split(","):
-            rows = measure(wb, netns, nodes, mode, tmp / "runs", _layout(text), args.kills, args.timeout, args.spares)
-            times = [r["kill_to_participating_s"] for r in rows]
-            summary.append(
-                {
-                    "layout": text + (f"+{args.spares} spare" if args.spares else ""),
-                    "n": len(times),
-                    "median_kill_to_participating_s": statistics.median(times) if times else None,
-                    "p95_kill_to_participating_s": float(numpy.percentile(times, 95)) if times else None,
-                    "each_s": [round(t, 2) for t in times],
-                    "phase_medians_s": rows[0]["phase_medians"] if rows else None,
-                    "load_1m_at_kills": [round(r["load_1m"], 2) for r in rows],
-                    "median_heal_bytes": statistics.median(r["heal_bytes"] or 0 for r in rows) if rows else None,
-                    "load_1m": os.getloadavg()[0],
-                }
-            )
-            print(json.dumps(summary[-1]), flush=True)
-    finally:
-        devcluster.down(tmp / "slurm")
-    print(json.dumps({"network": mode, "layouts": summary}))
+    result = on_devcluster(args.layouts.split(","), args.kills, args.timeout, args.spares)
+    print(json.dumps({"network": result["network"], "layouts": result["layouts"]}))
     return 0
 
 

@@ -133,3 +133,13 @@ def ratio_of_medians(df: pd.DataFrame, col: str, num: str, den: str) -> float | 
     a = df.loc[df["variant"] == num, col].dropna()
     b = df.loc[df["variant"] == den, col].dropna()
     return float(a.median() / b.median()) if len(a) and len(b) and b.median() else None
+
+
+def median_p95(xs) -> dict:
+    """``n``, ``median_s`` and ``p95_s`` (numpy's linear percentile) of the seconds ``xs``; None where ``xs`` is empty."""
+    xs = [float(x) for x in xs]
+    return {
+        "n": len(xs),
+        "median_s": float(np.median(xs)) if xs else None,
+        "p95_s": float(np.percentile(xs, 95)) if xs else None,
+    }
