@@ -125,7 +125,8 @@ def render(
     ran = table[table["why_not"].isna()]
     out.append(
         f"One `workbench matrix` run{f' (`{matrix_dir}`)' if matrix_dir else ''}: "
-        f"{len(table)} cell{'' if len(table) == 1 else 's'} ({len(ran)} that can run), {planned} trial{'' if planned == 1 else 's'} planned "
+        f"{len(table)} cell{'' if len(table) == 1 else 's'} ({len(ran)} that can run), "
+        f"{planned} trial{'' if planned == 1 else 's'} planned "
         "per runnable cell, "
         f"seed {record.get('seed')}. Each trial is one run with one fault at a step drawn from its setup's "
         "window. A cell's N is the trials that finished; its rate is recovered over injected trials, with "
