@@ -366,13 +366,26 @@ def _write_marked(out: Path, name: str, lines: list[str]) -> None:
 def _keep_unwritten_sections(out: Path, before: str) -> None:
     """Put back the marked sections of the old report that this run did not write: a full run rebuilds the
     report from scratch, and figures measured by hand (``bench.slurm_recovery``, ``bench.stall_sweep``) would
-    be lost with it."""
+    be lost with it. Each goes back after the section that preceded it in the old report (before the first
+    one if none did), so a report keeps its order over full runs."""
+    marked = r"<!-- bench\.(\w+): begin -->.*?<!-- bench\.\1: end -->\n?"
     now = out.read_text()
-    for block in re.finditer(r"<!-- bench\.(\w+): begin -->.*?<!-- bench\.\1: end -->\n?", before, re.S):
+    after = None  # the end marker of the last old section that is in the new report
+    for block in re.finditer(marked, before, re.S):
         begin, end = f"<!-- bench.{block[1]}: begin -->", f"<!-- bench.{block[1]}: end -->"
-        if begin not in now:
-            algorithms.write_section(out, block[0].rstrip("\n") + "\n", begin, end)
-            now = out.read_text()
+        if begin in now:
+            after = end
+            continue
+        text = block[0].rstrip("\n") + "\n"
+        if after is not None:
+            at = now.index(after) + len(after) + 1
+        else:
+            first = re.search(marked, now, re.S)
+            at = first.start() if first else len(now)
+        head, tail = now[:at].rstrip("\n"), now[at:].lstrip("\n")
+        now = head + "\n\n" + text + ("\n" + tail if tail else "")
+        after = end
+    out.write_text(now)
 
 
 def _section(crashed: list, name: str, fn, *args, **kwargs):
