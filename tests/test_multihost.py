@@ -560,7 +560,7 @@ def test_a_titan_spare_on_slurm_waits_warm_and_forks_the_ranks_of_the_two_node_g
         return [e for e in r.events_read if e["kind"] == "phase" and e.get("phase") == "spare_ready"]
 
     run.wait_for(lambda r: len(spare_ready(r)) >= 2, timeout=300)  # one per task: both nodes of the spare
-    assert all(e.get("warm") is True for e in spare_ready(run)), spare_ready(run)
+    assert all(e.get("warm") is True and e.get("spare") == 0 for e in spare_ready(run)), spare_ready(run)
     for r in (0, 1):
         run.wait_for(_participating(run, r, 0, 2), timeout=300)
     fault = run.kill(0)

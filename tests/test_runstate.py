@@ -121,6 +121,19 @@ def test_a_spares_takeover_names_the_groups_job(tmp_path):
     assert state.replicas[2].current_job() == (1, "30")
 
 
+def test_a_spare_on_two_nodes_is_known_by_its_job_not_by_its_other_nodes_task(tmp_path):
+    """Every task of a spare writes as the spare (``spare``, no ``replica``); the process the run records for
+    it is task 0's, the job's own, whichever task's ``start`` comes last."""
+    run_dir = make_run(tmp_path)
+    task0 = EventWriter(run_dir, "spare-0", run="r1", replica=None, spare=0, host="n1")
+    task1 = EventWriter(run_dir, "spare-0.task-1", run="r1", replica=None, spare=0, host="n2")
+    task0.emit("start", role="spare", task=0, pid=4100, pid_start=10.0)
+    task1.emit("start", role="task", task=1, pid=4200, pid_start=11.0)
+    state = RunState(3)
+    state.apply(EventReader(run_dir).poll())
+    assert [(p.pid, p.host) for p in state.processes()] == [(4100, "n1")]
+
+
 def test_a_reused_pid_is_never_signalled(tmp_path, sleeper):
     """The recorded PID now belongs to another process (its start time differs): the kill is
     refused with the reason, and that process lives on, even though it carries the run's marker."""

@@ -300,6 +300,28 @@ def test_offline_assets(tmp_path, monkeypatch):
     assert (root / "corpus" / "train.jsonl").stat().st_size > 1_000_000
 
 
+def test_every_task_of_a_titan_spare_writes_as_the_spare_until_it_is_assigned(tmp_path):
+    """A spare spanning two nodes says ``spare_ready`` from each task; the controller and the fold know a
+    spare's events by ``spare``, so a task's file must carry it as task 0's does, and after the assignment
+    the group's ``replica`` and ``attempt`` instead."""
+    import json
+
+    from workbench.trainers.base import JobContext
+    from workbench.trainers.titan.spare import job_writer
+
+    ctx = JobContext(str(tmp_path), "run", {}, replica=-1, attempt=-1, spare_id=3)  # as the controller makes one
+    for task in (0, 1):
+        job_writer(ctx, task).emit("phase", phase="spare_ready", seconds=0.1, warm=True)
+    ctx.replica, ctx.attempt, ctx.spare_id = 1, 2, None  # what wait_for_assignment sets
+    job_writer(ctx, 1).emit("start", role="task", from_spare=3)
+
+    events = [
+        json.loads(line) for f in sorted((tmp_path / "events").glob("*.jsonl")) for line in f.read_text().splitlines()
+    ]
+    who = sorted((e["kind"], e.get("spare"), e["replica"], e["attempt"]) for e in events)
+    assert who == [("phase", 3, None, 0), ("phase", 3, None, 0), ("start", None, 1, 2)], events
+
+
 def _steps(run, replica, attempt=None):
     df = run.events("step")
     df = df[df["replica"] == replica]

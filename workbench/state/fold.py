@@ -129,7 +129,7 @@ class RunState:
             return
         if e.get("spare") is not None and e.get("replica") is None:
             proc = Proc.from_event(e)
-            if proc is not None:
+            if proc is not None and int_or_zero(e.get("task")) == 0:  # the spare's job, not its other nodes' tasks
                 self.spares[int_or_zero(e["spare"])] = proc
             return
         v = self.view(e.get("replica"))
