@@ -300,18 +300,29 @@ def test_offline_assets(tmp_path, monkeypatch):
     assert (root / "corpus" / "train.jsonl").stat().st_size > 1_000_000
 
 
-def test_every_task_of_a_titan_spare_writes_as_the_spare_until_it_is_assigned(tmp_path):
-    """A spare spanning two nodes says ``spare_ready`` from each task; the controller and the fold know a
-    spare's events by ``spare``, so a task's file must carry it as task 0's does, and after the assignment
-    the group's ``replica`` and ``attempt`` instead."""
+def test_a_titan_spare_on_two_nodes_is_ready_at_task_0_and_every_task_writes_as_the_spare(tmp_path, monkeypatch):
+    """A spare spanning two nodes says ``spare_ready`` from each task (``titan/spare.wait_as_spare``, here
+    stopped before an assignment). The controller knows a spare's events by ``spare`` and counts it ready at
+    task 0's; after the assignment a task writes as the group's ``replica`` and ``attempt``."""
     import json
+    import time
 
+    from workbench.controller.spares import SparePool
+    from workbench.events.reader import EventReader
     from workbench.trainers.base import JobContext
-    from workbench.trainers.titan.spare import job_writer
+    from workbench.trainers.titan.spare import job_writer, wait_as_spare
 
+    monkeypatch.setenv("WORKBENCH_TITAN_WARM_RANKS", "0")
     ctx = JobContext(str(tmp_path), "run", {}, replica=-1, attempt=-1, spare_id=3)  # as the controller makes one
-    for task in (0, 1):
-        job_writer(ctx, task).emit("phase", phase="spare_ready", seconds=0.1, warm=True)
+    pool, reader = SparePool(tmp_path, limit=1), EventReader(tmp_path)
+    pool.add(3, "job of spare 3")
+    ready_after = {}
+    for task in (1, 0):
+        assert wait_as_spare(ctx, job_writer(ctx, task), task, lambda: True, {}, time.time()) is None
+        for e in reader.poll():
+            pool.observe(e)
+        ready_after[task] = set(pool.ready)
+    assert ready_after == {1: set(), 0: {3}}
     ctx.replica, ctx.attempt, ctx.spare_id = 1, 2, None  # what wait_for_assignment sets
     job_writer(ctx, 1).emit("start", role="task", from_spare=3)
 
@@ -319,7 +330,7 @@ def test_every_task_of_a_titan_spare_writes_as_the_spare_until_it_is_assigned(tm
         json.loads(line) for f in sorted((tmp_path / "events").glob("*.jsonl")) for line in f.read_text().splitlines()
     ]
     who = sorted((e["kind"], e.get("spare"), e["replica"], e["attempt"]) for e in events)
-    assert who == [("phase", 3, None, 0), ("phase", 3, None, 0), ("start", None, 1, 2)], events
+    assert who == [("exit", 3, None, 0)] * 2 + [("phase", 3, None, 0)] * 2 + [("start", None, 1, 2)], events
 
 
 def _steps(run, replica, attempt=None):

@@ -2,7 +2,8 @@
 
 The controller submits ``spec.spares`` of them at the start (for the trainers
 whose table entry ``supports_spares``: torchft-lite, titan, and MaxText, whose
-spare is a whole job); each says ``phase phase=spare_ready`` once it waits. When a group's job
+spare is a whole job); each says ``phase phase=spare_ready`` once it waits (a TorchTitan spare on
+several nodes: each task says so, and it is ready at task 0's). When a group's job
 ends and the relaunch policy restarts it with no delay, a ready spare takes over
 at once as the group's next attempt, instead of a new job that would import and
 build for seconds first: the controller writes ``spares/<id>.json``
@@ -38,7 +39,12 @@ class SparePool:
         self.jobs[spare_id] = job
 
     def observe(self, e: dict) -> None:
-        if e.get("kind") == "phase" and e.get("phase") == "spare_ready" and e.get("spare") in self.jobs:
+        if (
+            e.get("kind") == "phase"
+            and e.get("phase") == "spare_ready"
+            and e.get("spare") in self.jobs
+            and not e.get("task")
+        ):
             self.ready.add(e["spare"])
 
     def ended(self, is_done: Callable[[Any], bool]) -> Iterator[int]:

@@ -82,6 +82,7 @@ class Kind(StrEnum):
         optional("from_spare", "`imports_done` of a spare that became this attempt"),
         optional("maxtext_pid", "`launched`: MaxText's process"),
         optional("warm", "forked warm: a TorchTitan rank, MaxText from a standby; `spare_ready`: imports done"),
+        optional("task", "`spare_ready` of a TorchTitan spare's task on another node (the spare is ready at task 0's)"),
         optional("standby", "`launched`: why MaxText started cold although standbys are on"),
         optional("from_step", "`restored`: the step it restored (0: nothing to restore)"),
         optional("path", "`restored` (ddp-restart, titan-restart): the checkpoint read"),
@@ -96,11 +97,7 @@ class Kind(StrEnum):
         (Writer.REPLICA,),
         "the process is alive between steps (lets a grid show age while a step is slow)",
         required("step", "its current step"),
-        optional(
-            "waiting",
-            "`sync` while the loop waits for its peers in a semi-synchronous sync: the hang detector does not "
-            "flag it for the hang timeout after such a heartbeat",
-        ),
+        optional("waiting", "`sync`: waiting for its peers in a semi-synchronous sync, not flagged as a hang"),
     )
     STEP = (
         "step",
