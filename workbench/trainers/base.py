@@ -40,10 +40,13 @@ class JobContext:
             return f"spare-{self.spare_id}"
         return f"replica-{self.replica}.attempt-{self.attempt}"
 
-    def writer(self) -> EventWriter:
+    def writer(self, suffix: str = "") -> EventWriter:
+        """The job's writer under its identity now (a spare's until it is assigned a group); ``suffix``: a
+        file of its own for another part of the job (``.task-1``), under the same identity."""
+        name = self.writer_name + suffix
         if self.spare_id is not None:
-            return EventWriter(self.run_dir, self.writer_name, run=self.run_id, replica=None, spare=self.spare_id)
-        return EventWriter(self.run_dir, self.writer_name, run=self.run_id, replica=self.replica, attempt=self.attempt)
+            return EventWriter(self.run_dir, name, run=self.run_id, replica=None, spare=self.spare_id)
+        return EventWriter(self.run_dir, name, run=self.run_id, replica=self.replica, attempt=self.attempt)
 
     def wait_for_assignment(self, poll_s: float = 0.01, stop=lambda: False) -> bool:
         """A hot spare's wait: until the controller assigns it a replica group (True) or stop().

@@ -34,16 +34,8 @@ from workbench.trainers.titan.rank import warm_up
 
 
 def job_writer(ctx: JobContext, task: int) -> EventWriter:
-    """The job's own writer: the group's (or the spare's) file for task 0, a file per task on other nodes,
-    each under the same identity (a spare's tasks say ``spare``, as its task 0 does)."""
-    if task == 0:
-        return ctx.writer()
-    who = (
-        {"replica": None, "spare": ctx.spare_id}
-        if ctx.spare_id is not None
-        else {"replica": ctx.replica, "attempt": ctx.attempt}
-    )
-    return EventWriter(ctx.run_dir, f"{ctx.writer_name}.task-{task}", run=ctx.run_id, **who)
+    """The job's own writer: the group's (or the spare's) file for task 0, a file per task on other nodes."""
+    return ctx.writer(f".task-{task}" if task else "")
 
 
 def wait_as_spare(
