@@ -82,7 +82,7 @@ class Kind(StrEnum):
         optional("from_spare", "`imports_done` of a spare that became this attempt"),
         optional("maxtext_pid", "`launched`: MaxText's process"),
         optional("warm", "forked warm: a TorchTitan rank, MaxText from a standby; `spare_ready`: imports done"),
-        optional("task", "`spare_ready` of a TorchTitan spare's task on another node (the spare is ready at task 0's)"),
+        optional("task", "`spare_ready` of a TorchTitan spare: which task says it (the spare is ready at task 0's)"),
         optional("standby", "`launched`: why MaxText started cold although standbys are on"),
         optional("from_step", "`restored`: the step it restored (0: nothing to restore)"),
         optional("path", "`restored` (ddp-restart, titan-restart): the checkpoint read"),

@@ -45,7 +45,7 @@ def wait_as_spare(
     spare_id = ctx.spare_id
     ensure_assets()
     warm = warm_while_waiting()
-    writer.emit("phase", phase="spare_ready", seconds=time.time() - t0, warm=warm, **({"task": task} if task else {}))
+    writer.emit("phase", phase="spare_ready", seconds=time.time() - t0, warm=warm, task=task)
     if not ctx.wait_for_assignment(stop=stopped):
         writer.emit("exit", reason="stopped", step=0)
         return None
