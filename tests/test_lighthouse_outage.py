@@ -80,3 +80,31 @@ def test_a_restart_that_finds_its_port_taken_is_retried_and_the_run_goes_on(star
     assert status["state"] == "completed", status
     ups = [e for e in run.events_read if e["kind"] == "lighthouse" and e["state"] == "up"]
     assert len(ups) == 2 and ups[1]["address"] == ups[0]["address"] and ups[1]["t"] > held_until
+
+
+def test_a_titan_run_keeps_its_quorum_ids_unique_across_a_lighthouse_restart(start_run):
+    """TorchTitan's Managers renumber quorums by the lighthouse's epoch too: without it the restarted
+    lighthouse's ids (from 1 again) reused the first one's, and on the dev cluster a reconfigure under a
+    used id failed its commit and waited out a 10 s timeout, once or twice (docs/matrix.md, Run 20)."""
+    run = start_run("titan-cpu-light", {"steps": 200, "lighthouse.restart_delay_s": 1.0})
+    run.wait_for_step(30, timeout=300)
+    run.fault("lighthouse_kill")
+    status = run.wait(timeout=400)
+    assert status["state"] == "completed", status
+    events = run.event_records()
+    ups = [e for e in events if e["kind"] == "lighthouse" and e["state"] == "up"]
+    assert len(ups) == 2
+    restarted = ups[1]["launched_t"]
+    before = {e["quorum_id"] for e in events if e["kind"] == "quorum" and e["t"] < restarted}
+    after = {e["quorum_id"] for e in events if e["kind"] == "quorum" and e["t"] > restarted}
+    assert before and after and not (before & after), (before, after)
+    exits = [e for e in events if e["kind"] == "exit" and e.get("replica") is not None]
+    assert [(e["replica"], e["attempt"], e["reason"]) for e in sorted(exits, key=lambda e: e["replica"])] == [
+        (0, 0, "completed"),
+        (1, 0, "completed"),
+    ]
+    by_step: dict = {}
+    for e in events:
+        if e["kind"] == "step" and e.get("committed") and e.get("participating") and e.get("weights"):
+            by_step.setdefault(e["step"], set()).add(e["weights"])
+    assert [s for s, w in by_step.items() if len(w) > 1] == [] and max(by_step) == 200

@@ -70,6 +70,7 @@ from workbench.trainers.kit import Heartbeat, state_bytes, weights_checksum
 from workbench.trainers.loopback import heal_fields
 from workbench.trainers.raise_hook import maybe_raise
 from workbench.trainers.titan.rank_state import RankLocalState, local_model_state
+from workbench.trainers.torchft import quorum_epochs
 from workbench.trainers.torchft.group_stop import GroupStop
 from workbench.trainers.torchft.logs import TorchftLogHandler
 
@@ -97,7 +98,9 @@ class TitanEvents:
 
     - ``__init__``: after it, the torchft Manager exists; hook its
       ``should_commit`` (commit result, participation) and its checkpoint
-      transport's ``recv_checkpoint`` (heal seconds, bytes, source).
+      transport's ``recv_checkpoint`` (heal seconds, bytes, source); with
+      ``run_dir``, its quorum ids stay unique across a lighthouse restart
+      (:mod:`workbench.trainers.torchft.quorum_epochs`).
     - ``forward_backward_step``: before the first one of a step, wait for the
       quorum and apply a received checkpoint (see the module docstring).
     - ``train_step``: time it and emit the ``step`` event.
@@ -116,8 +119,10 @@ class TitanEvents:
         heartbeat_s: float = 1.0,
         checksum_every: int = 10,
         group_stop: Optional[GroupStop] = None,
+        run_dir: Optional[str] = None,
     ) -> None:
         self.writer = writer
+        self.run_dir = run_dir
         self.group_stop = group_stop
         self.heartbeat_s = heartbeat_s
         self.checksum_every = max(1, checksum_every)
@@ -215,6 +220,8 @@ class TitanEvents:
         self.manager = manager = trainer.ft_manager.manager
         self._local_state = RankLocalState(trainer.checkpointer)
         self._local_state.install(manager)
+        if self.run_dir:
+            quorum_epochs.install(manager, self.run_dir)
         transport = torchft_compat.checkpoint_transport(manager)
         recv = transport.recv_checkpoint
         should_commit = manager.should_commit

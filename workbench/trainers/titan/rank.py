@@ -85,6 +85,7 @@ def rank_main(argv: list[str], started: str = "exec") -> None:
         float(os.environ.get("WORKBENCH_HEARTBEAT_S", "1.0")),
         int(os.environ.get("WORKBENCH_CHECKSUM_EVERY", "10")),
         group_stop=GroupStop(stop, rank, world_size),
+        run_dir=os.environ.get("WORKBENCH_RUN_DIR"),
     )
     hooks.t_start = t0
     from torchtitan import train  # see above
