@@ -234,8 +234,10 @@ def main(argv: list[str] | None = None) -> int:
             print("[straggler score] three groups fault-free (5 min; --quick 1 min), then each throttled in turn")
             strag = _section(crashed, "straggler", straggler.measure, 60.0 if args.quick else 300.0, root)
         if "titan_recovery" in only:
-            print("[titan recovery] kill -> participating and the replacement's phases, 1 and 2 ranks/group")
-            titan = _section(crashed, "titan_recovery", titan_recovery.measure, 3 if args.quick else 6, 15.0, root)
+            print("[titan recovery] kill -> participating and the replacement's phases, titan-cpu and titan-cpu-light")
+            titan = _section(
+                crashed, "titan_recovery", titan_recovery.measure_section, 3 if args.quick else 6, 15.0, root
+            )
         if "maxtext_restart" in only:
             print("[maxtext restart] restart -> first step and its phases, standby vs cold, one process")
             mt_restart = _section(crashed, "maxtext_restart", maxtext_restart.measure, 3 if args.quick else 5, root)
