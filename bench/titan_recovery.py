@@ -38,7 +38,7 @@ VARIANTS = {  # name -> (nproc_per_replica, WORKBENCH_TITAN_WARM_RANKS, spares)
 TARGETS = {"1 rank/group, warm": 5.0, "2 ranks/group, warm": 8.0, "1 rank/group, hot spare": 2.0}  # seconds
 FIRST_KILL_S = 20.0
 CONFIG = "titan-cpu"
-# The classroom's config, several steps a second: where a spare's gain is not hidden behind two 1.3 s steps.
+# The classroom's config, several steps a second: where a spare's gain is not hidden behind two slow steps.
 CLASSROOM = ("titan-cpu-light", ("1 rank/group, hot spare", "1 rank/group, warm"))
 META = ["config", "variant", "run_dir", "load_start", "load_end"]
 

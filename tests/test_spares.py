@@ -6,12 +6,12 @@ from workbench import analysis
 
 pytestmark = pytest.mark.slow
 
-# The claim (README, docs/benchmarks.md: kill → participating with a spare in about the lighthouse heartbeat timeout) is a speed
-# target and `make bench` measures it. This test checks the behaviour behind it: the group's next
-# attempt is the spare's own process, started, imported and built before the kill. Its time bound
-# only has to tell that apart from a fresh process on a loaded 2-core CI machine: the lighthouse's
-# 1 s heartbeat timeout (the survivors' quorum must drop the dead group) plus 4 s of scheduling
-# slack, against 5-13 s for a fresh process on the same machine (imports alone take 2-4 s there).
+# The claim (README, docs/benchmarks.md: kill → participating with a spare in about the lighthouse heartbeat
+# timeout) is a speed target and `make bench` measures it. This test checks the behaviour behind it: the
+# group's next attempt is the spare's own process, started, imported and built before the kill. Its time bound
+# only has to tell that apart from a fresh process on a loaded 2-core CI machine: the lighthouse's 1 s
+# heartbeat timeout (the survivors' quorum must drop the dead group) plus 4 s of scheduling slack, against
+# 5-13 s for a fresh process on the same machine (imports alone take 2-4 s there).
 HEARTBEAT_TIMEOUT_S = 1.0
 TAKEOVER_BOUND_S = HEARTBEAT_TIMEOUT_S + 4.0
 
