@@ -9,6 +9,7 @@ outage comes back and heals, and the run ends with identical weights.
 import pytest
 
 from workbench import analysis
+from workbench.experiments.soak import commit_invariants
 
 pytestmark = pytest.mark.slow
 
@@ -103,8 +104,6 @@ def test_a_titan_run_keeps_its_quorum_ids_unique_across_a_lighthouse_restart(sta
         (0, 0, "completed"),
         (1, 0, "completed"),
     ]
-    by_step: dict = {}
-    for e in events:
-        if e["kind"] == "step" and e.get("committed") and e.get("participating") and e.get("weights"):
-            by_step.setdefault(e["step"], set()).add(e["weights"])
-    assert [s for s, w in by_step.items() if len(w) > 1] == [] and max(by_step) == 200
+    checks = commit_invariants(events)
+    assert checks["checksum_disagreements"] == 0 and checks["steps_checked"] > 0, checks
+    assert analysis.max_committed_step(events) == 200
