@@ -166,3 +166,58 @@ def test_a_group_stops_at_one_step_boundary_whichever_rank_saw_the_signal_first(
         assert group.at_boundary(), "a group of one stops at the first boundary after its signal"
     finally:
         alone.restore()
+
+
+class OneWaySetStore:
+    """Test double of TCPStore's ordering, made deterministic: ``set`` is one-way (no reply), so the
+    server may apply it as late as just before it answers that client's next request. This double
+    takes that latest schedule every time: a client's sets stay pending until the same client asks
+    something (``check``/``get``). The real TCPStore took it once in CI, under load."""
+
+    def __init__(self, shared: dict) -> None:
+        self.shared, self.pending = shared, []
+
+    def set(self, key, value):
+        self.pending.append((key, value))
+
+    def _served(self):
+        self.shared.update(self.pending)
+        self.pending.clear()
+
+    def check(self, keys):
+        self._served()
+        return all(k in self.shared for k in keys)
+
+    def get(self, key):
+        self._served()
+        return self.shared[key].encode()
+
+
+@pytest.mark.parametrize("signalled", [0, 1], ids=["rank 0", "rank 1"])
+def test_a_group_stops_together_even_when_the_store_applies_a_set_as_late_as_it_may(signalled):
+    """Three ranks in lockstep (each boundary a barrier), one of them signalled at boundary 2, over a store
+    that applies each set as late as TCPStore's one-way ``set`` allows: all three stop at one boundary,
+    the one after rank 0 decided."""
+    shared: dict = {}
+    requests = [StopRequest() for _ in range(3)]
+    try:
+        groups = [group_stop_over(requests[r], r, shared) for r in range(3)]
+        stopped: dict = {}
+        for boundary in range(10):
+            if boundary == 2:
+                requests[signalled].reason = "preempted"
+            for r, group in enumerate(groups):
+                if r not in stopped and group.at_boundary():
+                    stopped[r] = boundary
+            if stopped:
+                break
+    finally:
+        for request in reversed(requests):
+            request.restore()
+    assert stopped == {0: 3, 1: 3, 2: 3} if signalled == 0 else stopped == {0: 4, 1: 4, 2: 4}, stopped
+
+
+def group_stop_over(request, rank, shared):
+    from workbench.trainers.torchft.group_stop import GroupStop
+
+    return GroupStop(request, rank, 3, store=lambda: OneWaySetStore(shared))

@@ -20,9 +20,19 @@ timeout. So one rank decides and the rest follow:
 Why ``n + 1`` is early enough for everyone: every step ends in a barrier of
 the whole group (torchft's ``should_commit`` waits for every rank of the
 group), so while rank 0 is at boundary ``n`` no other rank can have finished
-step ``n + 1``; rank 0's ``set`` returns before it enters that step, so each
-rank reads ``stop_at`` by its boundary ``n + 1`` at the latest. A group of one
-rank stops at the first boundary its flag is set.
+step ``n + 1``; rank 0 publishes before it enters that step, so each rank reads
+``stop_at`` by its boundary ``n + 1`` at the latest. A group of one rank stops
+at the first boundary its flag is set.
+
+"Publishes" is more than ``set``: TCPStore's ``set`` is one-way (the client
+writes the request and returns; the server sends no reply), and the server
+answers each connection in turn, so another rank's ``check`` can be served
+before the ``set`` is applied. Under load that left a rank of the three-rank
+test reading no ``stop_at`` at the boundary where the others stopped, waiting
+in the step's barrier until its timeout (CI, 2026-12-07; here, beside three
+busy loops, 3 runs of 30 before the fix, 0 of 30 after). :func:`publish`
+follows the ``set`` with a ``check`` on the same connection, which the server
+answers only after it applied the ``set``.
 """
 
 from __future__ import annotations
@@ -67,11 +77,11 @@ class GroupStop:
             if self.stop_at is None and (self.request.reason is not None or self.store().check([STOP_REQUESTED_KEY])):
                 self.stop_at = n + 1
                 self.request.reason = self.request.reason or "preempted"
-                self.store().set(STOP_AT_KEY, str(self.stop_at))
+                publish(self.store(), STOP_AT_KEY, str(self.stop_at))
         elif self.stop_at is None:
             if self.request.reason is not None and not self._asked:
                 self._asked = True
-                self.store().set(STOP_REQUESTED_KEY, str(self.rank))
+                publish(self.store(), STOP_REQUESTED_KEY, str(self.rank))
             if self.store().check([STOP_AT_KEY]):
                 self.stop_at = int(self.store().get(STOP_AT_KEY))
                 self.request.reason = self.request.reason or "preempted"
@@ -81,6 +91,12 @@ class GroupStop:
         if self._store is None:
             self._store = self._store_factory()
         return self._store
+
+
+def publish(store, key: str, value: str) -> None:
+    """Set ``key`` and return once the server has applied it (see the module's docstring)."""
+    store.set(key, value)
+    store.check([key])
 
 
 def job_store():
