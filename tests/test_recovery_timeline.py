@@ -197,3 +197,31 @@ def test_a_hang_its_peers_waited_out_is_recovered_without_a_detection(tmp_path):
     assert math.isnan(row["detected"]) and math.isnan(row["quorum_without_victim"]) and math.isnan(row["heal_done"])
     assert (row["replacement_started"], row["participating"], row["survivor_stall_s"]) == (1.0, 1.5, 1.0)
     assert row["complete"]
+
+
+def test_a_replacement_restored_at_its_peers_step_recovers_without_a_heal_and_a_later_heal_is_not_its(tmp_path):
+    """Group 1 killed at 10.5; attempt 1 (started 12.5) restores its durable checkpoint of step 10 at 13.5,
+    the step its peers resume from after the voted-down step 11 (as a TorchTitan group that died just
+    after its checkpoint does), and takes part from 14 without a heal. Killed again at 30.5, attempt 2
+    heals at 34.875 and takes part from 36. Each row is its own recovery: the first is not the second heal's."""
+    log = HandLog(tmp_path)
+    for r in range(3):
+        log.emit(r, "start", -2, trainer="titan", role="replica")
+    log.quorum(-1, [0, 1, 2])
+    log.ticks(range(1, 11), [0, 1, 2], 3)
+    log.fault(10.5, "kill", 1)
+    log.peer_lost(11, 11.25, [0, 2])
+    log.relaunch(1, 1, start=12.5, imports_done=13.0)
+    log.emit(1, "phase", 13.5, phase="restored", from_step=10)
+    log.quorum(13.75, [0, 1, 2])
+    log.ticks(range(14, 31), [0, 1, 2], 3)
+    log.fault(30.5, "kill", 1)
+    log.peer_lost(31, 31.25, [0, 2])
+    log.ticks([32, 33], [0, 2], 2)
+    log.relaunch(1, 2, start=32.5, imports_done=33.5)
+    log.rejoin(1, 34.75, heal_seconds=0.125)
+    log.ticks(range(36, 40), [0, 1, 2], 3)
+    timeline = analysis.recovery_timeline(sorted(EventReader(tmp_path).poll(), key=lambda e: e["t"]))
+    got = [(r.heal_done, r.heal_seconds, r.participating, r.steps_lost, r.complete) for r in timeline.itertuples()]
+    expected = [(3.0, NAN, 3.5, 0, True), (4.375, 0.125, 5.5, 0, True)]
+    assert all(_same(e, g) for want, row in zip(expected, got) for e, g in zip(want, row)) and len(got) == 2, got

@@ -40,16 +40,14 @@ Per replica fault, also:
   kind of recovery has was reached).
 
 *Kill → rejoin* is the ``participating`` milestone of a fault that ends the
-process. It used to be measured a second time, per kill, as "the next
-attempt's first committed participating step"; the two agree except where a
-group came back with no peer, trained alone, and healed later, when the first
-one counted the lone steps as rejoined. This milestone's definition wins: a
-group has rejoined when it trains in step with its peers, which a lone step
-before its heal is not; every heal in torchft is followed by a non-
-participating step, so on every run with a live peer both give the same
-number. The attempt a fault hit is the newest one seen at the fault (its last
-step's, its last ``start``'s, or the attempt the fault event names): a fault
-targets a group's newest process, even one that had not stepped yet.
+process: a group has rejoined when it trains in step with its peers, which a
+lone step before its heal is not (torchft follows every heal with a
+non-participating step). The attempt a fault hit is the newest one seen at the
+fault (its last step's, its last ``start``'s, or the attempt the fault event
+names): a fault targets a group's newest process, even one that had not
+stepped yet. A heal or restore counts for the attempt that took part again or
+an earlier one: a later attempt's is a later fault's (a TorchTitan group that
+restored its durable checkpoint at its peers' step came back without a heal).
 
 A semi-synchronous algorithm's steps are read as :mod:`.useful` decides them
 (an inner step is committed once its process's next sync committed), so
@@ -268,17 +266,19 @@ def _replica_recovery(f: dict, kind: faultkinds.FaultKind, log: _Log) -> dict:
         row["imports_done"] = _since(
             log.of(victim, "phase").first_after(tf, lambda e: e.get("phase") == "imports_done" and new_attempt(e)), tf
         )
-    heal = log.of(victim, "heal").first_after(tf, new_attempt)
-    restored = log.of(victim, "phase").first_after(tf, lambda e: e.get("phase") == "restored" and new_attempt(e))
-    row["heal_done"] = _since(heal or restored, tf)
-    row["heal_seconds"] = heal.get("seconds") if heal else None
-    row["heal_bytes"] = heal.get("bytes") if heal else None
 
     def taking_part(e: dict) -> bool:
         return bool(e.get("committed") and e.get("participating", True) and new_attempt(e))
 
     steps = log.of(victim, "step")
     back = steps.first_after(tf, taking_part)
+    upto = back.get("attempt", 0) if back is not None else math.inf  # a later attempt's heal: module docstring
+    this_recovery = lambda e: new_attempt(e) and e.get("attempt", 0) <= upto  # noqa: E731
+    heal = log.of(victim, "heal").first_after(tf, this_recovery)
+    restored = log.of(victim, "phase").first_after(tf, lambda e: e.get("phase") == "restored" and this_recovery(e))
+    row["heal_done"] = _since(heal or restored, tf)
+    row["heal_seconds"] = heal.get("seconds") if heal else None
+    row["heal_bytes"] = heal.get("bytes") if heal else None
     row["participating"] = _since(
         back
         if heal is None or back is None or back["t"] >= heal["t"]
