@@ -44,6 +44,13 @@ class HandLog:
         if imports_done is not None:
             self.emit(replica, "phase", imports_done, phase="imports_done", seconds=1.0)
 
+    def first_ten_steps(self, trainer):
+        """All three groups start at -2, form a quorum at -1 and commit steps 1-10 at t = 1..10."""
+        for r in range(3):
+            self.emit(r, "start", -2, trainer=trainer, role="replica")
+        self.quorum(-1, [0, 1, 2])
+        self.ticks(range(1, 11), [0, 1, 2], 3)
+
     def fault(self, t, action, target, **fields):
         self.control.emit("fault", t=BASE + t, action=action, target=target, origin="schedule", **fields)
 
@@ -83,10 +90,7 @@ class HandLog:
 def hand_log(run_dir) -> list[dict]:
     log = HandLog(run_dir)
     log.controller.emit("start", t=BASE - 5, role="controller")
-    for r in range(3):
-        log.emit(r, "start", -2, trainer="torchft-lite", role="replica")
-    log.quorum(-1, [0, 1, 2])
-    log.ticks(range(1, 11), [0, 1, 2], 3)
+    log.first_ten_steps(trainer="torchft-lite")
     log.fault(10.5, "kill", 1)
     log.peer_lost(11, 11.25, [0, 2])
     log.ticks([12, 13, 14], [0, 2], 2)
@@ -186,10 +190,7 @@ def test_a_hang_its_peers_waited_out_is_recovered_without_a_detection(tmp_path):
     12 in the same quorum. Nothing detected it and nothing had to: complete, no heal; the survivors'
     stall is the 2 s gap less their 1 s median step."""
     log = HandLog(tmp_path)
-    for r in range(3):
-        log.emit(r, "start", -2, trainer="torchft-lite", role="replica")
-    log.quorum(-1, [0, 1, 2])
-    log.ticks(range(1, 11), [0, 1, 2], 3)
+    log.first_ten_steps(trainer="torchft-lite")
     log.fault(10.5, "hang", 2, seconds=1.0)
     log.fault(11.5, "resume", 2)
     log.ticks(range(12, 16), [0, 1, 2], 3)
@@ -205,10 +206,7 @@ def test_a_replacement_restored_at_its_peers_step_recovers_without_a_heal_and_a_
     after its checkpoint does), and takes part from 14 without a heal. Killed again at 30.5, attempt 2
     heals at 34.875 and takes part from 36. Each row is its own recovery: the first is not the second heal's."""
     log = HandLog(tmp_path)
-    for r in range(3):
-        log.emit(r, "start", -2, trainer="titan", role="replica")
-    log.quorum(-1, [0, 1, 2])
-    log.ticks(range(1, 11), [0, 1, 2], 3)
+    log.first_ten_steps(trainer="titan")
     log.fault(10.5, "kill", 1)
     log.peer_lost(11, 11.25, [0, 2])
     log.relaunch(1, 1, start=12.5, imports_done=13.0)
