@@ -198,10 +198,12 @@ def test_a_group_stops_together_even_when_the_store_applies_a_set_as_late_as_it_
     """Three ranks in lockstep (each boundary a barrier), one of them signalled at boundary 2, over a store
     that applies each set as late as TCPStore's one-way ``set`` allows: all three stop at one boundary,
     the one after rank 0 decided."""
+    from workbench.trainers.torchft.group_stop import GroupStop
+
     shared: dict = {}
     requests = [StopRequest() for _ in range(3)]
     try:
-        groups = [group_stop_over(requests[r], r, shared) for r in range(3)]
+        groups = [GroupStop(requests[r], r, 3, store=lambda: OneWaySetStore(shared)) for r in range(3)]
         stopped: dict = {}
         for boundary in range(10):
             if boundary == 2:
@@ -214,10 +216,6 @@ def test_a_group_stops_together_even_when_the_store_applies_a_set_as_late_as_it_
     finally:
         for request in reversed(requests):
             request.restore()
-    assert stopped == {0: 3, 1: 3, 2: 3} if signalled == 0 else stopped == {0: 4, 1: 4, 2: 4}, stopped
-
-
-def group_stop_over(request, rank, shared):
-    from workbench.trainers.torchft.group_stop import GroupStop
-
-    return GroupStop(request, rank, 3, store=lambda: OneWaySetStore(shared))
+    # Rank 0 decides at boundary 2 for itself (stop at 3); rank 1's ask reaches it at boundary 3 (stop at 4).
+    boundary = 3 if signalled == 0 else 4
+    assert stopped == {0: boundary, 1: boundary, 2: boundary}, stopped
