@@ -17,8 +17,8 @@ logged after the process started (:func:`oom_killed_in_kernel_log`: ``Out of mem
 PID (...)``, ``Memory cgroup out of memory: Killed process PID``, ``oom-kill:...,pid=PID,...``), a rise of
 the ``oom_kill`` count of a memory cgroup the job has to itself (:func:`memory_cgroup_oom_kills`), or
 Slurm's ``OUT_OF_MEMORY``. The kernel log is ``/dev/kmsg`` (readable by root, or by anyone where
-``kernel.dmesg_restrict`` is 0), else ``dmesg``; its timestamps are seconds since boot, the clock of a
-process's start time (``workbench.cluster.procs.start_time``). A PID is the kernel's, in the initial PID
+``kernel.dmesg_restrict`` is 0), else ``dmesg``; its timestamps are seconds since boot, close to (not quite)
+the clock of a process's start time (``workbench.cluster.procs.start_time``). A PID is the kernel's, in the initial PID
 namespace: a controller inside another PID namespace finds no line for its jobs.
 """
 
@@ -38,6 +38,12 @@ from workbench.events.end_fields import signal_name
 
 KERNEL_LOG = "/dev/kmsg"
 KERNEL_LOG_RECORDS = 100_000  # a bound on one read of the ring buffer (a few thousand records here, 3 ms)
+KERNEL_CLOCK_SLACK_S = 1.0
+"""How far before a process's start its OOM line may be stamped and still count. The kernel log's clock
+(``local_clock``) is not ``CLOCK_BOOTTIME``, a start time's clock: here, up 21 h, it ran 24 ms behind, so
+a line logged right after a start read as before it (20 of 20 tries with 10 ms of slack). An earlier
+process's line within 1 s of this start would need its PID reused within that second (``pid_max`` is
+32768 here)."""
 _OOM_LINE = re.compile(r"(?:Killed process (?P<pid>\d+) \(|^oom-kill:.*[,:]pid=(?P<pid2>\d+)\b)")
 _DMESG_LINE = re.compile(r"^\[\s*(?P<t>\d+\.\d+)\]\s?(?P<text>.*)$")
 
@@ -150,10 +156,15 @@ def _dmesg() -> list[tuple[float, str]]:
 
 def oom_killed_in_kernel_log(pid: int, since: Optional[float] = None) -> bool:
     """Whether the kernel logged that its OOM killer killed ``pid`` at or after ``since`` (seconds since
-    boot: the process's start; a line for an earlier process with the same PID does not count)."""
+    boot: the process's start; a line for an earlier process with the same PID does not count). The kernel
+    log's clock stops in a suspend, which ``CLOCK_BOOTTIME`` counts; ``since`` is moved back by the time
+    suspended so far, and by :data:`KERNEL_CLOCK_SLACK_S`."""
+    if since is not None:
+        suspended = time.clock_gettime(time.CLOCK_BOOTTIME) - time.clock_gettime(time.CLOCK_MONOTONIC)
+        since -= suspended + KERNEL_CLOCK_SLACK_S
     for t, text in kernel_log():
         m = _OOM_LINE.search(text)
-        if m and int(m["pid"] or m["pid2"]) == pid and (since is None or t >= since - 0.01):
+        if m and int(m["pid"] or m["pid2"]) == pid and (since is None or t >= since):
             return True
     return False
 
