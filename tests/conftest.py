@@ -8,6 +8,7 @@ import os
 import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -242,6 +243,19 @@ def slurm_submitter(slurm_conf: str, config: str, stop_timeout: float):
             job_ids = [str(e["job_id"]) for e in run.events_read if e["kind"] == "submit"]
             if job_ids:
                 slurm.slurm_cmd(slurm_conf, "scancel", *job_ids)
+                wait_until_dequeued(slurm_conf, job_ids)
             if run._controller is not None and run._controller.poll() is None:
                 run._controller.kill()
                 run._controller.wait()
+
+
+def wait_until_dequeued(slurm_conf: str, job_ids: list[str], timeout: float = 60.0) -> None:
+    """Wait until slurmctld lists none of ``job_ids`` (a cancelled job stays ``COMPLETING`` until its node's
+    slurmd has ended its processes: a CI run's next test found one there); fail naming those still listed."""
+    from workbench.cluster.slurm import backend as slurm
+
+    deadline = time.monotonic() + timeout
+    while listed := slurm.slurm_cmd(slurm_conf, "squeue", "-h", "-j", ",".join(job_ids), "-o", "%i %T").stdout.strip():
+        if time.monotonic() > deadline:
+            pytest.fail(f"Slurm jobs still queued {timeout:.0f} s after scancel: {listed}")
+        time.sleep(0.2)
