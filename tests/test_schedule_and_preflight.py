@@ -96,21 +96,12 @@ def test_preflight_is_quiet_on_shipped_configs(config):
             },
             "no checkpoint is ever written",
         ),
-        ({"hang.timeout_s": 0.5, "lighthouse.heartbeat_timeout_ms": 1000}, "hang.timeout_s (0.5)"),
         ({"replicas": 1, "min_replicas": 1, "faults": []}, "no live peer"),
     ],
 )
 def test_each_preflight_warning_fires_with_its_values(overrides, needle):
     warnings = preflight(load_spec("demo", overrides))
     assert any(needle in w for w in warnings), warnings
-
-
-def test_a_short_hang_timeout_is_fine_where_groups_say_they_wait_in_a_sync():
-    """Semi-synchronous groups heartbeat ``waiting: sync`` while they wait out a peer, and the
-    hang detector does not flag them (test_algorithms): no warning for them, one for ddp."""
-    short = {"hang.timeout_s": 1.5, "torchft.pg_timeout_ms": 8000}
-    assert not [w for w in preflight(load_spec("algorithms", short)) if "hang.timeout_s" in w]
-    assert [w for w in preflight(load_spec("algorithms", {**short, "ft.algorithm": "ddp"})) if "hang.timeout_s" in w]
 
 
 def test_preflight_refuses_join_timeout_beyond_quorum_timeout():

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -92,49 +93,99 @@ def test_a_lone_group_that_is_slow_but_alive_is_not_a_hang_and_a_stopped_one_is(
     run.stop()
 
 
-def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(tmp_path):
-    """SIGSTOP can land between a trainer stamping a step event and writing it: the step arrives when
-    the group runs again, stamped before its hang was reported. That is no progress since the report,
-    so the hang stays reported once; a step stamped after the report is, and clears it."""
+@contextlib.contextmanager
+def hand_run(tmp_path, **overrides):
+    """A run directory with a controller over it and two groups' event writers, written by the test (no
+    process is started): the watchdog's decisions over steps the test stamps."""
     from workbench.controller.loop import Controller
-    from workbench.events.reader import read_all
     from workbench.events.writer import EventWriter
     from workbench.run import rundir
     from workbench.spec.load import load_spec
 
-    spec = load_spec("demo", {"faults": [], "replicas": 2, "min_replicas": 1, "hang.timeout_s": 1.5})
-    run_dir = rundir.create(tmp_path, "20250101-000000-late-abcdef", spec.to_dict())
+    spec = load_spec("demo", {"faults": [], "replicas": 2, "min_replicas": 1, **overrides})
+    run_dir = rundir.create(tmp_path, "20250101-000000-hand-abcdef", spec.to_dict())
     groups = [EventWriter(run_dir, f"replica-{r}.attempt-0", run="r", replica=r, attempt=0) for r in (0, 1)]
-    now = time.time()
-    for step in range(1, 14):
-        groups[1].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
-    for step in range(1, 40):
-        groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
     controller = Controller(run_dir)
     try:
         for slot in controller.slots.values():
             slot.state, slot.attempt = "running", 0
-
-        def hangs_after_a_check():
-            controller._poll()
-            controller.watchdog.check()
-            return [(e["target"], e["step"]) for e in read_all(run_dir) if e["kind"] == "hang"]
-
-        assert hangs_after_a_check() == [(1, 13)]
-        groups[1].emit("step", t=now - 8 + 14 * 0.2, step=14, committed=True, participating=True)
-        assert hangs_after_a_check() == [(1, 13)]
-        resumed = groups[1].emit("step", step=15, committed=True, participating=True)
-        groups[0].emit("step", step=40, committed=True, participating=True)
-        assert hangs_after_a_check() == [(1, 13)]
-        deadline = time.monotonic() + 10  # the next stall, 1.5 s on, is a hang of its own
-        while len(hangs_after_a_check()) < 2 and time.monotonic() < deadline:
-            time.sleep(0.05)
-        (second,) = [e for e in read_all(run_dir) if e["kind"] == "hang"][1:]
-        assert (second["target"], second["step"]) == (1, 15) and second["t"] - resumed["t"] >= 1.5
+        yield controller, groups
     finally:
         controller.writer.close()
         for w in groups:
             w.close()
+
+
+def hangs_after_a_check(controller) -> list[tuple[int, int]]:
+    from workbench.events.reader import read_all
+
+    controller._poll()
+    controller.watchdog.check()
+    return [(e["target"], e["step"]) for e in read_all(controller.run_dir) if e["kind"] == "hang"]
+
+
+def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(tmp_path):
+    """SIGSTOP can land between a trainer stamping a step event and writing it: the step arrives when
+    the group runs again, stamped before its hang was reported. That is no progress since the report,
+    so the hang stays reported once; a step stamped after the report is, and clears it."""
+    from workbench.events.reader import read_all
+
+    with hand_run(tmp_path, **{"hang.timeout_s": 1.5}) as (controller, groups):
+        now = time.time()
+        for step in range(1, 14):
+            groups[1].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+        for step in range(1, 40):
+            groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+        assert hangs_after_a_check(controller) == [(1, 13)]
+        groups[1].emit("step", t=now - 8 + 14 * 0.2, step=14, committed=True, participating=True)
+        assert hangs_after_a_check(controller) == [(1, 13)]
+        resumed = groups[1].emit("step", step=15, committed=True, participating=True)
+        groups[0].emit("step", step=40, committed=True, participating=True)
+        assert hangs_after_a_check(controller) == [(1, 13)]
+        deadline = time.monotonic() + 10  # the next stall, 1.5 s on, is a hang of its own
+        while len(hangs_after_a_check(controller)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (second,) = [e for e in read_all(controller.run_dir) if e["kind"] == "hang"][1:]
+        assert (second["target"], second["step"]) == (1, 15) and second["t"] - resumed["t"] >= 1.5
+
+
+def test_a_group_waiting_at_the_step_its_frozen_peer_committed_last_is_not_the_hung_one(tmp_path):
+    """A peer frozen inside an all-reduce leaves the other group waiting out the process group's timeout
+    at the step both committed last, the frozen one a few ms after it. Neither is hung while both stand
+    at that step (the later stamp is no progress); once the waiting group steps on alone, the frozen one is."""
+    with hand_run(tmp_path, **{"hang.timeout_s": 1.5}) as (controller, groups):
+        now = time.time()
+        for step in range(1, 21):
+            groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+            groups[1].emit("step", t=now - 8 + step * 0.2 + 0.002, step=step, committed=True, participating=True)
+        assert hangs_after_a_check(controller) == []
+        groups[0].emit("step", step=21, committed=True, participating=True)
+        assert hangs_after_a_check(controller) == [(1, 20)]
+
+
+def test_a_hung_group_that_steps_again_before_its_kill_is_not_killed(tmp_path):
+    """``hang.action: kill`` waits for the hung group's stacks first (~0.5 s); a group that committed a step
+    meanwhile was slow, not hung, and is left running, and the run says why it was not killed."""
+    from workbench.events.reader import read_all
+
+    with hand_run(tmp_path, **{"hang.timeout_s": 1.5, "hang.action": "kill"}) as (controller, groups):
+        now = time.time()
+        for step in range(1, 14):
+            groups[1].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+        for step in range(1, 40):
+            groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+        assert hangs_after_a_check(controller) == [(1, 13)]
+        groups[1].emit("step", step=14, committed=True, participating=True)
+        controller._poll()
+        sampler, _, _ = controller.watchdog.kills[1]
+        sampler.join(timeout=30)
+        controller.watchdog.check()
+        assert 1 not in controller.watchdog.kills
+        events = read_all(controller.run_dir)
+        assert not [e for e in events if e["kind"] == "fault" or "hang action failed" in e.get("message", "")]
+        assert [e["message"] for e in events if e["kind"] == "warning"] == [
+            "replica 1 stepped again after its hang report: not killed"
+        ]
 
 
 def test_a_diverged_run_reports_nan_and_where_it_diverged(tmp_path):

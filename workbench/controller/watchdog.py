@@ -62,11 +62,15 @@ class HangWatchdog:
         return max(h.min_timeout_s, 20 * float(sorted(self.step_intervals)[len(self.step_intervals) // 2]))
 
     def check(self) -> None:
-        """A group that committed before and has made no step progress for the hang timeout is
-        hung if its peers progressed meanwhile (if every group stopped, the run as a whole is
-        stalled: no one group's hang). A group running alone (MaxText, ddp-restart, or the last
-        one left) is hung only if it also stopped heartbeating: a compile, a checkpoint or a slow
-        step keeps its heartbeat going, a stopped or frozen process does not.
+        """A group that committed before and has made no step progress for the hang timeout is hung if a
+        peer has committed a later step (if every group stopped, the run as a whole is stalled: no one
+        group's hang). By step, not by time: a group whose peer froze inside an all-reduce waits out the
+        process group's timeout (2 s in the ablation notebook) at the step that peer committed 2 ms after
+        it; read by time, the frozen peer had progressed since, and a 2 s window evicted the waiting group
+        instead (the likely end of a CI run of that notebook whose survivor was relaunched, leaving no
+        survivor's stall to show). A group running alone (MaxText, ddp-restart, or the last one left) is
+        hung only if it also stopped heartbeating: a compile, a checkpoint or a slow step keeps its
+        heartbeat going, a stopped or frozen process does not.
 
         A group whose heartbeat said, within the timeout, that it waits in a sync (semi-synchronous
         algorithms) waits for a peer: it is not the hung one. Without this, a 5 s hang of one group
@@ -92,7 +96,7 @@ class HangWatchdog:
                 continue
             view = self.run_state.replicas[slot.replica]
             if len(running) > 1:
-                if not any(p.last_progress_t > slot.last_progress_t for p in running if p is not slot):
+                if not any(p.last_step > slot.last_step for p in running if p is not slot):
                     continue
                 if now - (view.waited_t or 0.0) < limit:  # waited for its peers: no progress to be had
                     continue
@@ -132,7 +136,8 @@ class HangWatchdog:
 
     def _kill_sampled(self) -> None:
         """``hang.action: kill``: kill each hung group whose stacks are taken (or took too long), unless it
-        moved on to another attempt meanwhile."""
+        moved on to another attempt or stepped again meanwhile (the stacks take ~0.5 s: a group that was
+        slow, not hung, has come back by itself)."""
         now = time.time()
         for replica, (sampler, attempt, kill_by) in list(self.kills.items()):
             if sampler.is_alive() and now < kill_by:
@@ -140,6 +145,11 @@ class HangWatchdog:
             del self.kills[replica]
             slot = next(s for s in self.slots if s.replica == replica)
             if slot.attempt != attempt or slot.state != "running":
+                continue
+            if slot.last_progress_t >= slot.hang_reported_t:
+                self.writer.emit(
+                    "warning", message=f"replica {replica} stepped again after its hang report: not killed"
+                )
                 continue
             try:
                 faults.inject(self.run, "kill", replica, origin="watchdog", writer=self.writer)

@@ -91,11 +91,5 @@ def preflight(spec: Spec, measured: Optional[Measured] = None) -> list[str]:
             f"checkpoint period ({period}) is longer than the run (steps={spec.steps}): no checkpoint is "
             "ever written, so a restart starts from step 0"
         )
-    says_waiting = kind.says_waiting_at_sync and spec.ft.algorithm != "ddp"  # a group waiting at a sync is not hung
-    if spec.hang.timeout_s is not None and spec.hang.timeout_s * 1000 < pg_ms and not says_waiting:
-        warnings.append(
-            f"hang.timeout_s ({spec.hang.timeout_s}) is shorter than the process-group timeout "
-            f"({pg}): survivors waiting out a dead peer would be reported as hung"
-        )
     kill_wait = backend_class(spec.cluster).kill_wait_s(spec) if measured is not None else None
     return warnings + timeout_warnings(spec, measured, kill_wait)

@@ -70,8 +70,8 @@ class TrainerKind:
     so there are at most ``model.layers + 2``. ``says_waiting_at_sync``: in a
     semi-synchronous run its heartbeats say ``waiting`` while the group waits
     for its peers at a sync (``trainers/kit.py``), so the hang detector does
-    not take a group waiting out a dead peer for hung (a preflight warning
-    that assumes otherwise is skipped).
+    not take a group waiting out a dead peer for hung (``workbench timeouts``
+    needs no window beyond the process-group timeout for it).
 
     ``unread``: spec settings the trainer does not read, each with why; the
     spec refuses one set to anything but its default (a section name: any of
