@@ -72,6 +72,29 @@ def test_a_stopped_process_is_read_and_left_stopped(tmp_path):
         child.wait()
 
 
+def test_where_is_the_python_frame_that_called_into_torchfts_native_code():
+    """A rank blocked in torchft's Rust extension: py-spy's ``--native`` frames put the extension's symbol
+    innermost; ``where`` is the Python line that called it. The two native frames are the ones a titan
+    rank's dump gave here (then ``where`` named the extension's symbol); the Python frames stand for its caller."""
+    site = "/work/.venv/lib/python3.11/site-packages"
+    frames = [
+        {"name": "syscall", "filename": "/usr/lib/x86_64-linux-gnu/libc.so.6", "line": 0},
+        {
+            "name": "_RNvMs_NtCs7XYZHF9EnAN_11parking_lot7condvarNtB4_7Condvar19wait_until_internal",
+            "filename": f"{site}/torchft/_torchft.cpython-311-x86_64-linux-gnu.so",
+            "line": 0,
+        },
+        {"name": "should_commit", "filename": f"{site}/torchft/manager.py", "line": 812},
+        {"name": "train", "filename": f"{site}/torchtitan/train.py", "line": 601},
+    ]
+    where, innermost, thread = stacks.locate([{"thread_name": "MainThread", "frames": frames}])
+    assert (where, innermost, thread) == (
+        "torchft/manager.py:812 in should_commit",
+        "libc.so.6 in syscall",
+        "MainThread",
+    )
+
+
 @pytest.mark.slow
 def test_a_hang_yields_the_stacks_of_the_hung_group_within_the_window_plus_5_s(start_run):
     timeout_s = 2.0

@@ -158,11 +158,14 @@ def innermost(frames: list) -> Optional[str]:
 
 def locate(threads: list, own: tuple = OWN_CODE) -> tuple[Optional[str], Optional[str], Optional[str]]:
     """(where, innermost, thread): the innermost frame under ``own`` and the innermost frame of all, in the
-    main thread if it has one under ``own``, else in the first thread that has one."""
+    main thread if it has one under ``own``, else in the first thread that has one. A Python frame before a
+    native one: a rank waiting inside torchft's Rust extension (a condition variable's wait) is where its
+    Python called it (``manager.py:LINE in should_commit``), not at the extension's symbol."""
     ordered = sorted(threads, key=lambda t: t.get("thread_name") != "MainThread")
     for t in ordered:
         frames = t.get("frames") or []
-        mine = next((f for f in frames if is_own(f, own)), None)
+        mine = next((f for f in frames if is_own(f, own) and f.get("line")), None)
+        mine = mine or next((f for f in frames if is_own(f, own)), None)
         if mine is not None:
             return frame_text(mine), innermost(frames), t.get("thread_name")
     first = next((t for t in ordered if t.get("frames")), None)
