@@ -12,14 +12,15 @@ process that reaped the task (the fork server, or the local controller of
 "returncode"}``, ``returncode`` in ``subprocess.Popen``'s form (negative: the signal).
 
 The OOM killer ends a process with SIGKILL, which says nothing by itself: any SIGKILL looks the same. It
-counts as the OOM killer's only with evidence for that process: the kernel's own line for that PID,
-logged after the process started (:func:`oom_killed_in_kernel_log`: ``Out of memory: Killed process
-PID (...)``, ``Memory cgroup out of memory: Killed process PID``, ``oom-kill:...,pid=PID,...``), a rise of
-the ``oom_kill`` count of a memory cgroup the job has to itself (:func:`memory_cgroup_oom_kills`), or
-Slurm's ``OUT_OF_MEMORY``. The kernel log is ``/dev/kmsg`` (readable by root, or by anyone where
-``kernel.dmesg_restrict`` is 0), else ``dmesg``; its timestamps are seconds since boot, close to (not quite)
-the clock of a process's start time (``workbench.cluster.procs.start_time``). A PID is the kernel's, in the initial PID
-namespace: a controller inside another PID namespace finds no line for its jobs.
+counts as the OOM killer's only with evidence for that process: the kernel's own line for that PID, logged
+after the process started (:func:`oom_killed_in_kernel_log`: ``Out of memory: Killed process PID (...)``,
+``Memory cgroup out of memory: Killed process PID``, ``oom-kill:...,pid=PID,...``), a rise of the
+``oom_kill`` count of a memory cgroup the job has to itself (:func:`memory_cgroup_oom_kills`), or Slurm's
+``OUT_OF_MEMORY``. The kernel log is ``/dev/kmsg`` (readable by root, or by anyone where
+``kernel.dmesg_restrict`` is 0), else ``dmesg``; its timestamps are seconds since boot, close to (not
+quite) the clock of a process's start time (``workbench.cluster.procs.start_time``). A PID is the
+kernel's, in the initial PID namespace: a controller inside another PID namespace finds no line for its
+jobs.
 """
 
 from __future__ import annotations
