@@ -124,6 +124,12 @@ def hangs_after_a_check(controller) -> list[tuple[int, int]]:
     return [(e["target"], e["step"]) for e in read_all(controller.run_dir) if e["kind"] == "hang"]
 
 
+def committed_steps(group, steps, now: float, late: float = 0.0) -> None:
+    """``group``'s committed steps, stamped 0.2 s apart from ``now - 8`` (``late`` s later each)."""
+    for step in steps:
+        group.emit("step", t=now - 8 + step * 0.2 + late, step=step, committed=True, participating=True)
+
+
 def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(tmp_path):
     """SIGSTOP can land between a trainer stamping a step event and writing it: the step arrives when
     the group runs again, stamped before its hang was reported. That is no progress since the report,
@@ -132,12 +138,10 @@ def test_a_step_written_late_by_a_stopped_group_does_not_report_its_hang_twice(t
 
     with hand_run(tmp_path, **{"hang.timeout_s": 1.5}) as (controller, groups):
         now = time.time()
-        for step in range(1, 14):
-            groups[1].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
-        for step in range(1, 40):
-            groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+        committed_steps(groups[1], range(1, 14), now)
+        committed_steps(groups[0], range(1, 40), now)
         assert hangs_after_a_check(controller) == [(1, 13)]
-        groups[1].emit("step", t=now - 8 + 14 * 0.2, step=14, committed=True, participating=True)
+        committed_steps(groups[1], [14], now)
         assert hangs_after_a_check(controller) == [(1, 13)]
         resumed = groups[1].emit("step", step=15, committed=True, participating=True)
         groups[0].emit("step", step=40, committed=True, participating=True)
@@ -155,9 +159,8 @@ def test_a_group_waiting_at_the_step_its_frozen_peer_committed_last_is_not_the_h
     at that step (the later stamp is no progress); once the waiting group steps on alone, the frozen one is."""
     with hand_run(tmp_path, **{"hang.timeout_s": 1.5}) as (controller, groups):
         now = time.time()
-        for step in range(1, 21):
-            groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
-            groups[1].emit("step", t=now - 8 + step * 0.2 + 0.002, step=step, committed=True, participating=True)
+        committed_steps(groups[0], range(1, 21), now)
+        committed_steps(groups[1], range(1, 21), now, late=0.002)
         assert hangs_after_a_check(controller) == []
         groups[0].emit("step", step=21, committed=True, participating=True)
         assert hangs_after_a_check(controller) == [(1, 20)]
@@ -170,10 +173,8 @@ def test_a_hung_group_that_steps_again_before_its_kill_is_not_killed(tmp_path):
 
     with hand_run(tmp_path, **{"hang.timeout_s": 1.5, "hang.action": "kill"}) as (controller, groups):
         now = time.time()
-        for step in range(1, 14):
-            groups[1].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
-        for step in range(1, 40):
-            groups[0].emit("step", t=now - 8 + step * 0.2, step=step, committed=True, participating=True)
+        committed_steps(groups[1], range(1, 14), now)
+        committed_steps(groups[0], range(1, 40), now)
         assert hangs_after_a_check(controller) == [(1, 13)]
         groups[1].emit("step", step=14, committed=True, participating=True)
         controller._poll()
